@@ -1,0 +1,87 @@
+"""Engine configuration: frozen dataclasses, validated on construction.
+
+`EngineConfig` bundles the four parts the engine components read. The model's own architecture
+(hidden size, heads, rope) lives in `model.hf_config.ModelArchConfig`, parsed from the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+_DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """An engine option is out of range or inconsistent."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in _DTYPES, f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        _require(self.device in _DEVICES, f"device must be one of {_DEVICES}, got {self.device!r}")
+        _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be > 0")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # overrides the size computed from memory
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gb: float = 2.0  # KV pool budget when running on the CPU
+    swap_space_gb: float = 4.0
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), "block_size must be a power of 2 <= 128")
+        _require(self.num_kv_blocks is None or self.num_kv_blocks > 0, "num_kv_blocks must be > 0")
+        _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization must be in (0, 1]")
+        _require(self.cpu_kv_cache_gb > 0, "cpu_kv_cache_gb must be > 0")
+        _require(self.swap_space_gb >= 0, "swap_space_gb must be >= 0")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    scheduling_policy: str = "priority"  # fcfs | priority
+    preemption_mode: str = "swap"  # swap | recompute
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs > 0, "max_num_seqs must be > 0")
+        _require(self.max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0")
+        _require(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy: fcfs | priority")
+        _require(self.preemption_mode in ("swap", "recompute"), "preemption_mode: swap | recompute")
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    enable_lora: bool = True
+    max_loras: int = 8
+    max_lora_rank: int = 64
+    max_cpu_loras: int = 64
+
+    def __post_init__(self) -> None:
+        _require(self.max_loras > 0, "max_loras must be > 0")
+        _require(0 < self.max_lora_rank <= 512, "max_lora_rank must be in (0, 512]")
+        _require(self.max_cpu_loras >= self.max_loras, "max_cpu_loras must be >= max_loras")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)

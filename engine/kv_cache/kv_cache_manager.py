@@ -1,0 +1,128 @@
+"""KVCacheManager: which blocks each request holds, and prefix-cache lookups.
+
+Pure Python: it hands out block ids; the model runner owns the tensors they index.
+"""
+
+from __future__ import annotations
+
+from loraplex.engine.kv_cache.block_hash import hash_block_extra, hash_request_blocks
+from loraplex.engine.kv_cache.block_pool import BlockPool, KVCacheBlock
+from loraplex.engine.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
+        self.block_size = block_size
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.enable_caching = enable_caching
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._req_to_hashes: dict[str, list[bytes]] = {}
+        # Prefix-cache statistics, in tokens.
+        self.num_prefix_queried_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.usage
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest cached prefix of a new request: (blocks, number of tokens they hold).
+
+        At least one token is always left to compute, so the step produces logits; hits are
+        whole blocks, so new tokens never land in a shared block.
+        """
+        if not self.enable_caching or request.request_id in self.req_to_blocks:
+            return [], 0
+        hashes = self._block_hashes(request)
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in hashes[:max_hit_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        self.num_prefix_queried_tokens += request.num_tokens
+        self.num_prefix_hit_tokens += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       computed_blocks: list[KVCacheBlock] | None = None) -> bool:
+        """Make room for `num_new_tokens` more tokens after the computed ones.
+
+        `computed_blocks` (prefix-cache hits, first allocation only) are taken by reference.
+        Returns False, changing nothing, when the pool is short of blocks.
+        """
+        computed_blocks = computed_blocks or []
+        held = self.req_to_blocks.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        num_needed = cdiv(num_computed + num_new_tokens, self.block_size)
+        num_to_allocate = num_needed - len(held) - len(computed_blocks)
+        num_evictable_hits = sum(1 for block in computed_blocks if block.ref_cnt == 0)
+        if num_to_allocate > self.block_pool.num_free_blocks - num_evictable_hits:
+            return False
+        self.block_pool.touch(computed_blocks)
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        blocks.extend(computed_blocks)
+        if num_to_allocate > 0:
+            blocks.extend(self.block_pool.get_new_blocks(num_to_allocate))
+        self._cache_full_blocks(request, num_computed + num_new_tokens)
+        return True
+
+    def free(self, request: Request) -> None:
+        """Return all of a request's blocks (tail first, so its prefix stays cached longest)."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self._req_to_hashes.pop(request.request_id, None)
+        self.block_pool.free_blocks(list(reversed(blocks)))
+
+    def _block_hashes(self, request: Request) -> list[bytes]:
+        known = self._req_to_hashes.get(request.request_id)
+        extra = hash_block_extra(
+            request.lora_request.content_hash if request.lora_request else None,
+            request.cache_salt,
+        )
+        hashes = hash_request_blocks(request.all_token_ids, self.block_size, extra, known)
+        self._req_to_hashes[request.request_id] = hashes
+        return hashes
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        # Blocks become findable once full of known tokens; their K/V is written in this step,
+        # before any later request in the same step reads it (layer by layer).
+        if not self.enable_caching:
+            return
+        hashes = self._block_hashes(request)
+        blocks = self.req_to_blocks[request.request_id]
+        for block, block_hash in zip(blocks[: num_tokens // self.block_size], hashes, strict=False):
+            self.block_pool.cache_block(block, block_hash)
+
+    def reset_prefix_cache(self) -> None:
+        self.block_pool.reset_prefix_cache()
+
+    def check_integrity(self) -> None:
+        """Ref counts equal the number of requests holding each block; the pool is consistent."""
+        self.block_pool.check_integrity()
+        holders: dict[int, int] = {}
+        for blocks in self.req_to_blocks.values():
+            ids = [block.block_id for block in blocks]
+            assert len(ids) == len(set(ids)), f"a request holds a block twice: {ids}"
+            for block_id in ids:
+                holders[block_id] = holders.get(block_id, 0) + 1
+        for block in self.block_pool.blocks:
+            assert block.ref_cnt == holders.get(block.block_id, 0), (
+                f"block {block.block_id}: ref_cnt {block.ref_cnt}, "
+                f"held by {holders.get(block.block_id, 0)} requests"
+            )

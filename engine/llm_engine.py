@@ -1,0 +1,149 @@
+"""LLMEngine: the synchronous core. `step()` = schedule, execute, update."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+from loraplex.engine.config import EngineConfig
+from loraplex.engine.engine_args import create_engine_config
+from loraplex.engine.kv_cache import KVCacheManager
+from loraplex.engine.kv_cache.kv_cache_manager import cdiv
+from loraplex.engine.output_processor import OutputProcessor
+from loraplex.engine.request import (
+    InvalidRequestError,
+    LoRARequest,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    SamplingParams,
+)
+from loraplex.engine.runner.model_runner import ModelRunner
+from loraplex.engine.scheduler import Scheduler
+from loraplex.engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.tokenizer = Tokenizer.from_pretrained(config.model.model)
+        self.runner = ModelRunner(config)
+        arch, block_size = self.runner.arch, config.cache.block_size
+        max_model_len = config.model.max_model_len or arch.max_position_embeddings
+        max_model_len = min(max_model_len, arch.max_position_embeddings)
+        max_useful_blocks = config.scheduler.max_num_seqs * cdiv(max_model_len, block_size)
+        num_blocks = self.runner.determine_num_blocks(max_useful_blocks)
+        self.runner.initialize_kv_cache(num_blocks)
+        # A lone request must always fit the pool, so nothing can wait for blocks forever.
+        self.max_model_len = min(max_model_len, num_blocks * block_size)
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size,
+                                               config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager, self.max_model_len)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.num_generated_tokens = 0
+        self.num_steps = 0
+
+    @classmethod
+    def from_engine_args(cls, model: str, **kwargs: Any) -> LLMEngine:
+        return cls(create_engine_config(model, **kwargs))
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        return None, list(prompt)
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    lora_request: LoRARequest | None = None, priority: int = 0,
+                    fairness_key: str = "", cache_salt: str | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue one user request (n completions). Raises InvalidRequestError if it can't run."""
+        if self.output_processor.has(request_id):
+            raise ValueError(f"request id {request_id!r} is already in use")
+        prompt_text, prompt_token_ids = self.tokenize_prompt(prompt)
+        vocab_size = self.runner.arch.vocab_size
+        if any(not 0 <= t < vocab_size for t in prompt_token_ids):
+            raise InvalidRequestError("prompt", f"token ids must be in [0, {vocab_size})")
+        arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        children = [
+            Request(
+                request_id=request_id if params.n == 1 else f"{request_id}#{i}",
+                prompt_token_ids=prompt_token_ids,
+                sampling_params=_child_params(params, i),
+                eos_token_ids=self.tokenizer.eos_token_ids,
+                lora_request=lora_request, priority=priority, fairness_key=fairness_key,
+                cache_salt=cache_salt, arrival_time=arrival_time,
+            )
+            for i in range(params.n)
+        ]
+        added: list[Request] = []
+        try:
+            for child in children:
+                self.scheduler.add_request(child)
+                added.append(child)
+        except Exception:
+            self.scheduler.finish_requests([c.request_id for c in added],
+                                           RequestStatus.FINISHED_ABORTED)
+            raise
+        self.output_processor.add(request_id, prompt_text, children)
+
+    def abort_request(self, request_id: str) -> list[RequestOutput]:
+        """Abort a user request (all its completions); its blocks are freed at once."""
+        child_ids = self.output_processor.child_ids(request_id)
+        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+        return self.output_processor.finish(child_ids, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- one step ----------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        scheduler_output = self.scheduler.schedule()
+        try:
+            runner_output = self.runner.execute(scheduler_output)
+        except Exception:
+            # One failed step (e.g. out of memory) fails the requests in it, not the engine.
+            logger.exception("model step failed; failing the %d requests in it",
+                             len(scheduler_output.scheduled))
+            failed = [s.request.request_id for s in scheduler_output.scheduled]
+            self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
+            return self.output_processor.finish(failed, "error")
+        updated = self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs, stopped = self.output_processor.process(updated, runner_output.logprobs)
+        self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        self.num_generated_tokens += len(runner_output.sampled_token_ids)
+        self.num_steps += 1
+        return outputs
+
+    def get_stats(self) -> dict[str, Any]:
+        scheduler, kv = self.scheduler, self.kv_cache_manager
+        return {
+            "num_running": len(scheduler.running),
+            "num_waiting": len(scheduler.waiting),
+            "num_swapped": 0,
+            "num_waiting_tokens": scheduler.num_waiting_tokens,
+            "kv_blocks_total": kv.num_blocks,
+            "kv_blocks_used": kv.num_blocks - kv.num_free_blocks,
+            "kv_blocks_cached": kv.block_pool.num_cached_blocks,
+            "num_preemptions": scheduler.num_preemptions,
+            "prefix_cache_queried_tokens": kv.num_prefix_queried_tokens,
+            "prefix_cache_hit_tokens": kv.num_prefix_hit_tokens,
+            "num_generated_tokens": self.num_generated_tokens,
+            "num_steps": self.num_steps,
+        }
+
+
+def _child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The i-th of n completions: the same parameters, n=1, its own seed if seeded."""
+    seed = None if params.seed is None else (params.seed + index) % 2**63
+    return replace(params, n=1, seed=seed)

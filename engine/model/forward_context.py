@@ -1,0 +1,46 @@
+"""What one forward pass needs besides token ids and positions.
+
+The model runner builds a `ForwardContext` per step; every layer reads from it. Tokens of all
+sequences in the step are packed into one flat batch (no padding):
+
+    input_ids        [t0 t1 t2 | u0 | v0 v1]        num_tokens = 6
+    query_start_loc  [0,       3,   4,     6]        num_seqs + 1
+    seq_lens         [3,       17,  9]               context length after this step
+    slot_mapping     [s, s, s, s, s, s]              cache slot = block_id * block_size + offset
+
+A sequence's query tokens are its last `q_len` positions of `seq_len`; each attends causally to
+every cached position before it, read through `block_tables[seq]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] int64; -1 = do not write (padding)
+    block_tables: torch.Tensor  # [num_seqs, max_num_blocks_per_seq] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    max_query_len: int
+    max_seq_len: int
+
+
+class LoRAApplier(Protocol):
+    """Adds the LoRA deltas of this step's adapters to a projection's output (engine/lora)."""
+
+    def apply(self, layer_idx: int, slice_names: tuple[str, ...], slice_sizes: tuple[int, ...],
+              x: torch.Tensor, y: torch.Tensor) -> None: ...
+
+
+@dataclass
+class ForwardContext:
+    attn: AttentionMetadata
+    # Per layer: (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    lora: LoRAApplier | None = None

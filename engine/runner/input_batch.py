@@ -1,0 +1,77 @@
+"""SchedulerOutput -> the flat tensors of one forward pass (see model/forward_context.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.engine.model.forward_context import AttentionMetadata
+from loraplex.engine.scheduler.output import ScheduledRequest
+
+
+@dataclass
+class ModelInputs:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    attn: AttentionMetadata
+    # Row of each sampling request's last token in the flat batch.
+    logits_indices: torch.Tensor  # [num_sample] int64
+    sample_requests: list[ScheduledRequest]
+    # Per token: the adapter id of its request (0 = base model); LoRA turns these into slots.
+    token_lora_ids: list[int]
+
+
+def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
+                   device: torch.device) -> ModelInputs:
+    """Pack the step's tokens flat, with positions, cache slots and block tables.
+
+    Built as Python lists and copied to the device once per tensor.
+    """
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slot_mapping: list[int] = []
+    seq_lens: list[int] = []
+    query_start_loc = [0]
+    logits_indices: list[int] = []
+    sample_requests: list[ScheduledRequest] = []
+    token_lora_ids: list[int] = []
+    max_blocks = max(len(s.block_ids) for s in scheduled)
+    block_tables = torch.zeros((len(scheduled), max_blocks), dtype=torch.int32)
+
+    for row, item in enumerate(scheduled):
+        request, start = item.request, item.start_position
+        end = start + item.num_new_tokens
+        tokens = request.all_token_ids[start:end]
+        input_ids.extend(tokens)
+        positions.extend(range(start, end))
+        block_ids = item.block_ids
+        slot_mapping.extend(block_ids[p // block_size] * block_size + p % block_size
+                            for p in range(start, end))
+        seq_lens.append(end)
+        query_start_loc.append(len(input_ids))
+        block_tables[row, : len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
+        token_lora_ids.extend([request.lora_int_id] * item.num_new_tokens)
+        if item.needs_sample:
+            logits_indices.append(len(input_ids) - 1)
+            sample_requests.append(item)
+
+    def to_device(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+    attn = AttentionMetadata(
+        slot_mapping=to_device(slot_mapping, torch.int64),
+        block_tables=block_tables.to(device, non_blocking=True),
+        seq_lens=to_device(seq_lens, torch.int32),
+        query_start_loc=to_device(query_start_loc, torch.int32),
+        max_query_len=max(s.num_new_tokens for s in scheduled),
+        max_seq_len=max(seq_lens),
+    )
+    return ModelInputs(
+        input_ids=to_device(input_ids, torch.int64),
+        positions=to_device(positions, torch.int64),
+        attn=attn,
+        logits_indices=to_device(logits_indices, torch.int64),
+        sample_requests=sample_requests,
+        token_lora_ids=token_lora_ids,
+    )

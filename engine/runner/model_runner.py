@@ -1,0 +1,159 @@
+"""ModelRunner: owns the model, the KV cache tensors and the sampler; runs one step.
+
+It never decides who runs: it executes a `SchedulerOutput` and returns sampled tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import torch
+
+from loraplex.engine.config import EngineConfig
+from loraplex.engine.model import load_model
+from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext, LoRAApplier
+from loraplex.engine.runner.input_batch import ModelInputs, prepare_inputs
+from loraplex.engine.sampler import Sampler, SamplingMetadata, create_generator
+from loraplex.engine.scheduler.output import ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was asked for, but no CUDA device is available")
+    return torch.device(device)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.model.device)
+        torch.manual_seed(config.model.seed)
+        self.model, self.arch = load_model(config.model.model, config.model.dtype, self.device)
+        self.dtype = next(self.model.parameters()).dtype
+        self.block_size = config.cache.block_size
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.sampler = Sampler()
+        self._generators: dict[str, torch.Generator] = {}
+        # Set by the LoRA manager when LoRA is enabled (engine/lora).
+        self.lora: LoRAApplierFactory | None = None
+
+    # ---- KV cache --------------------------------------------------------------------------
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        arch = self.arch
+        per_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim
+        return per_token * self.block_size * self.dtype.itemsize
+
+    def determine_num_blocks(self, max_useful_blocks: int) -> int:
+        """How many KV blocks fit: the override, else the memory budget (GPU: after profiling)."""
+        cache = self.config.cache
+        if cache.num_kv_blocks is not None:
+            return cache.num_kv_blocks
+        if self.device.type == "cuda":
+            budget = self._profile_free_gpu_bytes()
+        else:
+            budget = int(cache.cpu_kv_cache_gb * GiB)
+        num_blocks = min(budget // self.kv_bytes_per_block, max_useful_blocks)
+        if num_blocks <= 0:
+            raise RuntimeError(
+                "no memory is left for the KV cache; raise gpu_memory_utilization or use a "
+                "smaller model"
+            )
+        return num_blocks
+
+    def _profile_free_gpu_bytes(self) -> int:
+        # Run the largest step the scheduler may produce, on a throwaway cache, and keep
+        # utilization * total minus that peak for the KV cache.
+        num_tokens = min(self.config.scheduler.max_num_batched_tokens, 8192)
+        num_blocks = -(-num_tokens // self.block_size)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.initialize_kv_cache(num_blocks)
+        slots = torch.arange(num_tokens, device=self.device)
+        attn = AttentionMetadata(
+            slot_mapping=slots,
+            block_tables=torch.arange(num_blocks, device=self.device, dtype=torch.int32)[None],
+            seq_lens=torch.tensor([num_tokens], device=self.device, dtype=torch.int32),
+            query_start_loc=torch.tensor([0, num_tokens], device=self.device, dtype=torch.int32),
+            max_query_len=num_tokens,
+            max_seq_len=num_tokens,
+        )
+        with torch.inference_mode():
+            hidden = self.model(torch.zeros(num_tokens, dtype=torch.int64, device=self.device),
+                                slots, ForwardContext(attn, self.kv_caches))
+            self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs:])
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(self.device) - self._kv_cache_bytes()
+        self.kv_caches = []
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return int(total * self.config.cache.gpu_memory_utilization) - peak
+
+    def _kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate per-layer K and V: [num_blocks, block_size, num_kv_heads, head_dim]."""
+        shape = (num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(self.arch.num_hidden_layers)
+        ]
+        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, self.block_size,
+                    self._kv_cache_bytes() / GiB)
+
+    # ---- one step --------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        for request_id in scheduler_output.finished_request_ids:
+            self._generators.pop(request_id, None)
+        if scheduler_output.is_empty:
+            return ModelRunnerOutput()
+        inputs = prepare_inputs(scheduler_output.scheduled, self.block_size, self.device)
+        lora = self.lora.prepare(inputs.token_lora_ids) if self.lora is not None else None
+        ctx = ForwardContext(attn=inputs.attn, kv_caches=self.kv_caches, lora=lora)
+        hidden = self.model(inputs.input_ids, inputs.positions, ctx)  # [num_tokens, hidden]
+        if not inputs.sample_requests:
+            return ModelRunnerOutput()
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sample, vocab]
+        return self._sample(logits, inputs)
+
+    def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> ModelRunnerOutput:
+        requests = [item.request for item in inputs.sample_requests]
+        metadata = SamplingMetadata.build(
+            [r.sampling_params for r in requests],
+            [r.prompt_token_ids for r in requests],
+            [r.output_token_ids for r in requests],
+            [self._generator_for(r.request_id, r.sampling_params.seed) for r in requests],
+            self.device,
+        )
+        sampled = self.sampler(logits, metadata)
+        output = ModelRunnerOutput()
+        for row, request in enumerate(requests):
+            output.sampled_token_ids[request.request_id] = sampled.sampled_token_ids[row]
+            if sampled.logprobs is not None and request.sampling_params.logprobs is not None:
+                output.logprobs[request.request_id] = sampled.logprobs[row]
+        return output
+
+    def _generator_for(self, request_id: str, seed: int | None) -> torch.Generator | None:
+        if seed is None:
+            return None
+        if request_id not in self._generators:
+            self._generators[request_id] = create_generator(seed, self.device)
+        return self._generators[request_id]
+
+
+class LoRAApplierFactory(Protocol):
+    """What the LoRA manager offers the runner: this step's token → adapter mapping."""
+
+    def prepare(self, token_lora_ids: list[int]) -> LoRAApplier | None: ...

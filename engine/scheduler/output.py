@@ -1,0 +1,45 @@
+"""What the scheduler tells the model runner, and what comes back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loraplex.engine.request import Logprob, Request
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    # Tokens computed this step: positions [num_computed_tokens, num_computed_tokens + num_new).
+    num_new_tokens: int
+    block_ids: list[int]
+
+    @property
+    def start_position(self) -> int:
+        return self.request.num_computed_tokens
+
+    @property
+    def needs_sample(self) -> bool:
+        """True when this step computes the request's last known token (logits wanted)."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    # Requests that ended since the last step: the runner drops their per-request state.
+    finished_request_ids: set[str] = field(default_factory=set)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class ModelRunnerOutput:
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, tuple[Logprob, list[Logprob]]] = field(default_factory=dict)

@@ -1,0 +1,45 @@
+"""Pick the Triton kernel for CUDA tensors and the reference for everything else."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from loraplex.kernels import reference
+
+
+@functools.cache
+def _triton_available() -> bool:
+    if os.environ.get("LORAPLEX_KERNELS", "auto") == "reference":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    return t.is_cuda and _triton_available()
+
+
+def _dispatch(name: str) -> Callable[..., Any]:
+    reference_fn = getattr(reference, name)
+
+    @functools.wraps(reference_fn)
+    def call(first: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if _use_triton(first):
+            from loraplex.kernels import triton as triton_kernels
+
+            return getattr(triton_kernels, name)(first, *args, **kwargs)
+        return reference_fn(first, *args, **kwargs)
+
+    return call
+
+
+paged_attention = _dispatch("paged_attention")
+reshape_and_cache = _dispatch("reshape_and_cache")

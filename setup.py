@@ -1,0 +1,20 @@
+"""Maps the top-level folders onto the `loraplex` package (see docs/architecture.md).
+
+engine/ -> loraplex.engine, kernels/ -> loraplex.kernels, platform/ -> loraplex.platform.
+Sub-packages are discovered, so a new folder needs no edit here.
+"""
+
+from setuptools import find_namespace_packages, setup
+
+TOP_LEVEL = ("engine", "kernels", "platform")
+
+packages = []
+package_dir = {}
+for top in TOP_LEVEL:
+    for name in [top, *(f"{top}.{sub}" for sub in find_namespace_packages(top))]:
+        if "__pycache__" in name:
+            continue
+        packages.append(f"loraplex.{name}")
+        package_dir[f"loraplex.{name}"] = name.replace(".", "/")
+
+setup(packages=packages, package_dir=package_dir)
