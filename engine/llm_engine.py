@@ -11,6 +11,7 @@ from loraplex.engine.config import EngineConfig
 from loraplex.engine.engine_args import create_engine_config
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.kv_cache.kv_cache_manager import cdiv
+from loraplex.engine.lora.lora_manager import LoRAManager
 from loraplex.engine.output_processor import OutputProcessor
 from loraplex.engine.request import (
     InvalidRequestError,
@@ -32,7 +33,7 @@ PromptType = str | list[int] | dict[str, Any]
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.tokenizer = Tokenizer.from_pretrained(config.model.model)
+        self.tokenizer = Tokenizer.from_model_dir(config.model.model)
         self.runner = ModelRunner(config)
         arch, block_size = self.runner.arch, config.cache.block_size
         max_model_len = config.model.max_model_len or arch.max_position_embeddings
@@ -44,7 +45,16 @@ class LLMEngine:
         self.max_model_len = min(max_model_len, num_blocks * block_size)
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size,
                                                config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv_cache_manager, self.max_model_len)
+        self.lora_manager: LoRAManager | None = None
+        if config.lora.enable_lora:
+            self.lora_manager = LoRAManager(config.lora, arch, self.runner.dtype,
+                                            self.runner.device)
+            self.runner.lora = self.lora_manager
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv_cache_manager, self.max_model_len,
+            max_loras=config.lora.max_loras if config.lora.enable_lora else None,
+            on_finish=self._on_request_finished,
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.num_generated_tokens = 0
         self.num_steps = 0
@@ -74,12 +84,16 @@ class LLMEngine:
         if any(not 0 <= t < vocab_size for t in prompt_token_ids):
             raise InvalidRequestError("prompt", f"token ids must be in [0, {vocab_size})")
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        if lora_request is not None:
+            if self.lora_manager is None:
+                raise InvalidRequestError("lora_request", "LoRA is not enabled on this engine")
+            lora_request = self.lora_manager.resolve(lora_request)
         children = [
             Request(
                 request_id=request_id if params.n == 1 else f"{request_id}#{i}",
                 prompt_token_ids=prompt_token_ids,
                 sampling_params=_child_params(params, i),
-                eos_token_ids=self.tokenizer.eos_token_ids,
+                eos_token_ids=frozenset(self.tokenizer.eos_token_ids),
                 lora_request=lora_request, priority=priority, fairness_key=fairness_key,
                 cache_salt=cache_salt, arrival_time=arrival_time,
             )
@@ -90,6 +104,9 @@ class LLMEngine:
             for child in children:
                 self.scheduler.add_request(child)
                 added.append(child)
+                if lora_request is not None and self.lora_manager is not None:
+                    assert lora_request.content_hash is not None
+                    self.lora_manager.pin(lora_request.content_hash)
         except Exception:
             self.scheduler.finish_requests([c.request_id for c in added],
                                            RequestStatus.FINISHED_ABORTED)
@@ -104,6 +121,27 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def _on_request_finished(self, request: Request) -> None:
+        if request.lora_request is not None and self.lora_manager is not None:
+            assert request.lora_request.content_hash is not None
+            self.lora_manager.unpin(request.lora_request.content_hash)
+
+    # ---- adapters ----------------------------------------------------------------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Validate and load an adapter now (else it loads on first use)."""
+        if self.lora_manager is None:
+            raise InvalidRequestError("lora_request", "LoRA is not enabled on this engine")
+        self.lora_manager.add_lora(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Unregister an adapter; requests already in flight finish on its weights."""
+        return self.lora_manager.remove_lora(lora_int_id) if self.lora_manager else False
+
+    def list_loras(self) -> list[int]:
+        return self.lora_manager.list_loras() if self.lora_manager else []
 
     # ---- one step ----------------------------------------------------------------------
 
@@ -140,6 +178,7 @@ class LLMEngine:
             "prefix_cache_hit_tokens": kv.num_prefix_hit_tokens,
             "num_generated_tokens": self.num_generated_tokens,
             "num_steps": self.num_steps,
+            **(self.lora_manager.get_stats() if self.lora_manager else {}),
         }
 
 

@@ -158,6 +158,7 @@ class Request:
     # Tokens whose K/V are in the cache (prompt and output alike).
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    num_lora_wait_steps: int = 0
     error: str | None = None
 
     @property

@@ -43,3 +43,5 @@ def _dispatch(name: str) -> Callable[..., Any]:
 
 paged_attention = _dispatch("paged_attention")
 reshape_and_cache = _dispatch("reshape_and_cache")
+lora_shrink = _dispatch("lora_shrink")
+lora_expand = _dispatch("lora_expand")

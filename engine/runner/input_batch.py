@@ -18,8 +18,8 @@ class ModelInputs:
     # Row of each sampling request's last token in the flat batch.
     logits_indices: torch.Tensor  # [num_sample] int64
     sample_requests: list[ScheduledRequest]
-    # Per token: the adapter id of its request (0 = base model); LoRA turns these into slots.
-    token_lora_ids: list[int]
+    # Per token: its adapter's content hash (None = base model); LoRA maps these to slots.
+    token_lora_hashes: list[str | None]
 
 
 def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
@@ -35,7 +35,7 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
     query_start_loc = [0]
     logits_indices: list[int] = []
     sample_requests: list[ScheduledRequest] = []
-    token_lora_ids: list[int] = []
+    token_lora_hashes: list[str | None] = []
     max_blocks = max(len(s.block_ids) for s in scheduled)
     block_tables = torch.zeros((len(scheduled), max_blocks), dtype=torch.int32)
 
@@ -51,7 +51,8 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
         seq_lens.append(end)
         query_start_loc.append(len(input_ids))
         block_tables[row, : len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
-        token_lora_ids.extend([request.lora_int_id] * item.num_new_tokens)
+        lora_hash = request.lora_request.content_hash if request.lora_request else None
+        token_lora_hashes.extend([lora_hash] * item.num_new_tokens)
         if item.needs_sample:
             logits_indices.append(len(input_ids) - 1)
             sample_requests.append(item)
@@ -73,5 +74,5 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
         attn=attn,
         logits_indices=to_device(logits_indices, torch.int64),
         sample_requests=sample_requests,
-        token_lora_ids=token_lora_ids,
+        token_lora_hashes=token_lora_hashes,
     )

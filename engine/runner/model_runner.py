@@ -11,10 +11,11 @@ from typing import Protocol
 import torch
 
 from loraplex.engine.config import EngineConfig
-from loraplex.engine.model import load_model
+from loraplex.engine.model.weight_loader import load_model
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext, LoRAApplier
 from loraplex.engine.runner.input_batch import ModelInputs, prepare_inputs
-from loraplex.engine.sampler import Sampler, SamplingMetadata, create_generator
+from loraplex.engine.sampler import Sampler
+from loraplex.engine.sampling_metadata import SamplingMetadata, create_generator
 from loraplex.engine.scheduler.output import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return ModelRunnerOutput()
         inputs = prepare_inputs(scheduler_output.scheduled, self.block_size, self.device)
-        lora = self.lora.prepare(inputs.token_lora_ids) if self.lora is not None else None
+        lora = self.lora.prepare(inputs.token_lora_hashes) if self.lora is not None else None
         ctx = ForwardContext(attn=inputs.attn, kv_caches=self.kv_caches, lora=lora)
         hidden = self.model(inputs.input_ids, inputs.positions, ctx)  # [num_tokens, hidden]
         if not inputs.sample_requests:
@@ -156,4 +157,4 @@ class ModelRunner:
 class LoRAApplierFactory(Protocol):
     """What the LoRA manager offers the runner: this step's token → adapter mapping."""
 
-    def prepare(self, token_lora_ids: list[int]) -> LoRAApplier | None: ...
+    def prepare(self, token_lora_hashes: list[str | None]) -> LoRAApplier | None: ...

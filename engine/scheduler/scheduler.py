@@ -9,6 +9,8 @@ later, output tokens included, so its output is unchanged).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.request import (
@@ -20,13 +22,21 @@ from loraplex.engine.request import (
 from loraplex.engine.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from loraplex.engine.scheduler.request_queue import WaitingQueue, priority_key
 
+# How many steps a request may be passed over because the adapter cap is reached before
+# admission stops for everyone behind it (bounds its wait; see schedule()).
+LORA_MAX_SKIP_STEPS = 8
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 max_model_len: int) -> None:
+                 max_model_len: int, max_loras: int | None = None,
+                 on_finish: Callable[[Request], None] | None = None) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.max_model_len = max_model_len
+        # Distinct adapters allowed among running requests (the GPU slots), None = no LoRA.
+        self.max_loras = max_loras
+        self.on_finish = on_finish
         self.waiting = WaitingQueue(config.scheduling_policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -99,9 +109,18 @@ class Scheduler:
 
         # Admit waiting requests only in a step without preemption: blocks are short otherwise.
         if not preempted:
+            running_loras = {r.lora_int_id for r in self.running if r.lora_int_id}
             for request in self.waiting:
                 if len(self.running) >= self.config.max_num_seqs or budget <= 0:
                     break
+                if not self._lora_fits(request, running_loras):
+                    # Skip ahead while the step's adapters are all taken, but only for a
+                    # bounded number of steps: then admission stops until its adapter fits,
+                    # so running adapters drain and it gets a slot.
+                    request.num_lora_wait_steps += 1
+                    if request.num_lora_wait_steps > LORA_MAX_SKIP_STEPS:
+                        break
+                    continue
                 computed_blocks, num_cached = [], 0
                 if request.num_computed_tokens == 0:
                     computed_blocks, num_cached = self.kv_cache_manager.get_computed_blocks(request)
@@ -109,6 +128,8 @@ class Scheduler:
                 if not self.kv_cache_manager.allocate_slots(request, num_new, computed_blocks):
                     break  # no skipping ahead: the queue head must not starve
                 request.num_computed_tokens += num_cached
+                if request.lora_int_id:
+                    running_loras.add(request.lora_int_id)
                 self.waiting.remove(request)
                 self.running.append(request)
                 request.status = RequestStatus.RUNNING
@@ -151,6 +172,11 @@ class Scheduler:
         block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
         return ScheduledRequest(request, num_new, block_ids)
 
+    def _lora_fits(self, request: Request, running_loras: set[int]) -> bool:
+        if self.max_loras is None or not request.lora_int_id:
+            return True
+        return request.lora_int_id in running_loras or len(running_loras) < self.max_loras
+
     def _pick_victim(self) -> Request:
         """The least urgent, most recent running request (vLLM's order)."""
         if self.config.scheduling_policy == "priority":
@@ -183,3 +209,5 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self._finished_request_ids.add(request.request_id)
+        if self.on_finish is not None:
+            self.on_finish(request)

@@ -1,0 +1,56 @@
+"""The engine's greedy outputs equal HF transformers' token for token."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from loraplex.engine import LLM, SamplingParams
+from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+from tests.engine.hf_reference import hf_greedy
+
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2"])
+def checkpoint(request, tmp_path_factory):
+    kwargs = {"tie_word_embeddings": True} if request.param == "qwen2" else {}
+    return write_random_checkpoint(tmp_path_factory.mktemp(request.param), request.param,
+                                   **kwargs)
+
+
+def make_prompts(seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(5, 500) for _ in range(n)] for n in (3, 17, 40, 9, 1, 26)]
+
+
+def run_engine(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    """Generate step by step, checking the KV bookkeeping after every step."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+    results: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.outputs[0].token_ids
+        engine.kv_cache_manager.check_integrity()
+    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.num_blocks
+    return [results[str(i)] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    pytest.param({}, id="default"),
+    pytest.param({"max_num_batched_tokens": 7, "block_size": 4}, id="chunked-prefill"),
+    pytest.param({"num_kv_blocks": 14, "block_size": 4, "enable_prefix_caching": False},
+                 id="preemption"),
+])
+def test_greedy_matches_hf(checkpoint, engine_kwargs):
+    prompts = make_prompts()
+    expected = hf_greedy(checkpoint, prompts, MAX_TOKENS)
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", **engine_kwargs)
+    assert run_engine(llm, prompts) == expected
+    if "num_kv_blocks" in engine_kwargs:
+        assert llm.engine.scheduler.num_preemptions > 0
