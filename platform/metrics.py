@@ -1,0 +1,280 @@
+"""Prometheus metrics, one `Metrics` per app in its own CollectorRegistry (several apps in one
+process, as in tests, never clash).
+
+Label values come from tenants and adapters, i.e. from the database; `_BoundedLabel` caps each
+label's distinct values (the rest read "other"), which stops a tenant creating adapters in a
+loop from blowing up the scrape size and Prometheus' memory.
+
+`update_engine_gauges(engine.get_stats())` reads these keys when present (missing or
+non-numeric ones are skipped): num_running, num_waiting, num_swapped, num_waiting_tokens,
+kv_blocks_used, kv_blocks_total, kv_usage (ratio; derived from used/total if absent),
+loaded_adapters_gpu / loaded_adapters_cpu (a count, or a list of adapter ids for residency),
+num_preemptions (cumulative; an int or {mode: count}), prefix_cache_hit_rate,
+throughput_tokens_per_s, num_adapter_loads / num_adapter_evictions (cumulative).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+OTHER = "other"
+DEFAULT_MAX_LABEL_VALUES = 1000
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600)
+LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+# Cumulative adapter counts in the stats -> the `event` label of adapter_events
+_ADAPTER_EVENT_KEYS = {"num_adapter_loads": "load", "num_adapter_evictions": "evict"}
+
+
+class _BoundedLabel:
+    """Passes the first `max_values` distinct values through, maps the rest to "other"."""
+
+    def __init__(self, max_values: int) -> None:
+        self._max_values = max_values
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) >= self._max_values:
+                return OTHER
+            self._seen.add(value)
+        return value
+
+
+class Metrics:
+    """Every Loraplex metric, registered in `self.registry`."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(
+        self, namespace: str = "loraplex", max_label_values: int = DEFAULT_MAX_LABEL_VALUES
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._tenant = _BoundedLabel(max_label_values)
+        self._adapter = _BoundedLabel(max_label_values)
+        self._last_cumulative: dict[tuple[str, str], float] = {}
+        self._resident: dict[str, set[str]] = {}  # tier -> adapters with a residency series
+        ns, reg = namespace, self.registry
+        ta = ("tenant", "adapter")
+
+        self.requests = Counter(
+            "requests", "Finished requests.", (*ta, "status"), namespace=ns, registry=reg
+        )
+        self.tokens = Counter(
+            "tokens", "Prompt and completion tokens.", (*ta, "kind"), namespace=ns, registry=reg
+        )
+        self.time_to_first_token = Histogram(
+            "time_to_first_token_seconds",
+            "Arrival to first output token.",
+            ta,
+            namespace=ns,
+            registry=reg,
+            buckets=TTFT_BUCKETS,
+        )
+        self.inter_token_latency = Histogram(
+            "inter_token_latency_seconds",
+            "Gap between consecutive output tokens.",
+            ta,
+            namespace=ns,
+            registry=reg,
+            buckets=ITL_BUCKETS,
+        )
+        self.e2e_latency = Histogram(
+            "e2e_request_latency_seconds",
+            "Arrival to last byte of the response.",
+            ta,
+            namespace=ns,
+            registry=reg,
+            buckets=E2E_BUCKETS,
+        )
+        self.requests_in_flight = Gauge(
+            "requests_in_flight",
+            "Admitted requests not yet finished.",
+            ("tenant",),
+            namespace=ns,
+            registry=reg,
+        )
+        self.rate_limited = Counter(
+            "rate_limited",
+            "Requests refused with 429, by limit kind.",
+            ("tenant", "kind"),
+            namespace=ns,
+            registry=reg,
+        )
+        self.ratelimit_fallback = Counter(
+            "ratelimit_fallback",
+            "Rate-limit decisions made in-process while Redis was down.",
+            namespace=ns,
+            registry=reg,
+        )
+        self.adapter_load_seconds = Histogram(
+            "adapter_load_seconds",
+            "Time to validate and load an adapter.",
+            ("adapter",),
+            namespace=ns,
+            registry=reg,
+            buckets=LOAD_BUCKETS,
+        )
+        self._init_engine_metrics(ns, reg)
+
+    def _init_engine_metrics(self, ns: str, reg: CollectorRegistry) -> None:
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, doc, labels, namespace=ns, subsystem="engine", registry=reg)
+
+        self.engine_gauges: dict[str, Gauge] = {
+            "num_running": gauge("num_requests_running", "Requests in the running batch."),
+            "num_waiting": gauge("num_requests_waiting", "Requests queued for admission."),
+            "num_swapped": gauge("num_requests_swapped", "Preempted requests swapped to CPU."),
+            "num_waiting_tokens": gauge("num_waiting_tokens", "Tokens of queued requests."),
+            "kv_blocks_used": gauge("kv_blocks_used", "KV cache blocks in use."),
+            "kv_blocks_total": gauge("kv_blocks_total", "KV cache blocks in the pool."),
+            "kv_usage": gauge("kv_usage_ratio", "Fraction of KV cache blocks in use."),
+            "prefix_cache_hit_rate": gauge("prefix_cache_hit_rate", "Prefix cache hit rate."),
+            "throughput_tokens_per_s": gauge("throughput_tokens_per_second", "Recent tok/s."),
+        }
+        self.loaded_adapters = gauge("loaded_adapters", "Adapters resident, by tier.", ("tier",))
+        self.adapter_resident = gauge(
+            "adapter_resident", "1 while the adapter is resident in the tier.", ("adapter", "tier")
+        )
+        self.preemptions = Counter(
+            "preemptions",
+            "Preempted requests, by mode.",
+            ("mode",),
+            namespace=ns,
+            subsystem="engine",
+            registry=reg,
+        )
+        self.adapter_events = Counter(
+            "adapter_events",
+            "Adapter loads into and evictions from GPU slots.",
+            ("event",),
+            namespace=ns,
+            subsystem="engine",
+            registry=reg,
+        )
+
+    # -- requests ------------------------------------------------------------------------
+
+    def observe_request(
+        self,
+        tenant: str,
+        adapter: str,
+        status: int | str,
+        *,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        ttft_s: float | None = None,
+        e2e_s: float | None = None,
+        inter_token_s: Iterable[float] = (),
+    ) -> None:
+        """Record one finished request (any status). `adapter`: the adapter name, or the base
+        model's name for base-model requests."""
+        labels = (self._tenant(tenant), self._adapter(adapter))
+        self.requests.labels(*labels, str(status)).inc()
+        if prompt_tokens > 0:
+            self.tokens.labels(*labels, "prompt").inc(prompt_tokens)
+        if completion_tokens > 0:
+            self.tokens.labels(*labels, "completion").inc(completion_tokens)
+        if ttft_s is not None:
+            self.time_to_first_token.labels(*labels).observe(ttft_s)
+        if e2e_s is not None:
+            self.e2e_latency.labels(*labels).observe(e2e_s)
+        itl = self.inter_token_latency.labels(*labels)
+        for gap in inter_token_s:
+            itl.observe(gap)
+
+    def observe_rate_limited(self, tenant: str, kind: str) -> None:
+        """A 429: kind is requests | tokens | concurrency | engine_overloaded."""
+        self.rate_limited.labels(self._tenant(tenant), kind).inc()
+
+    def observe_ratelimit_fallback(self) -> None:
+        """Pass as `on_fallback` to create_rate_limiter."""
+        self.ratelimit_fallback.inc()
+
+    def request_started(self, tenant: str) -> None:
+        self.requests_in_flight.labels(self._tenant(tenant)).inc()
+
+    def request_finished(self, tenant: str) -> None:
+        self.requests_in_flight.labels(self._tenant(tenant)).dec()
+
+    def observe_adapter_load(self, adapter: str, seconds: float) -> None:
+        self.adapter_load_seconds.labels(self._adapter(adapter)).observe(seconds)
+
+    # -- engine --------------------------------------------------------------------------
+
+    def update_engine_gauges(self, stats: Mapping[str, object]) -> None:
+        """Refresh engine gauges and counters from `engine.get_stats()` (call on each scrape)."""
+        for key, g in self.engine_gauges.items():
+            value = _number(stats.get(key))
+            if value is not None:
+                g.set(value)
+        if _number(stats.get("kv_usage")) is None:
+            used = _number(stats.get("kv_blocks_used"))
+            total = _number(stats.get("kv_blocks_total"))
+            if used is not None and total:
+                self.engine_gauges["kv_usage"].set(used / total)
+        for tier in ("gpu", "cpu"):
+            self._update_residency(tier, stats.get(f"loaded_adapters_{tier}"))
+        preemptions = stats.get("num_preemptions")
+        if isinstance(preemptions, Mapping):
+            for mode, count in preemptions.items():
+                self._advance(self.preemptions, "num_preemptions", str(mode), count)
+        else:
+            self._advance(self.preemptions, "num_preemptions", "all", preemptions)
+        for key, event in _ADAPTER_EVENT_KEYS.items():
+            self._advance(self.adapter_events, key, event, stats.get(key))
+
+    def _update_residency(self, tier: str, loaded: object) -> None:
+        if isinstance(loaded, list | tuple | set | frozenset):
+            self.loaded_adapters.labels(tier).set(len(loaded))
+            resident = {self._adapter(str(adapter)) for adapter in loaded}
+            for gone in self._resident.get(tier, set()) - resident:
+                self.adapter_resident.remove(gone, tier)
+            for adapter in resident:
+                self.adapter_resident.labels(adapter, tier).set(1)
+            self._resident[tier] = resident
+            return
+        count = _number(loaded)
+        if count is not None:
+            self.loaded_adapters.labels(tier).set(count)
+
+    def _advance(self, counter: Counter, key: str, label: str, cumulative: object) -> None:
+        """Feed an engine's cumulative count into a Prometheus counter by its increase. A
+        drop means the engine restarted: its whole new count is the increase."""
+        value = _number(cumulative)
+        if value is None:
+            return
+        last = self._last_cumulative.get((key, label), 0.0)
+        delta = value - last if value >= last else value
+        self._last_cumulative[(key, label)] = value
+        if delta > 0:
+            counter.labels(label).inc(delta)
+
+    # -- exposition ----------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this registry (serve with `content_type`)."""
+        return generate_latest(self.registry)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
