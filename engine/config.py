@@ -28,8 +28,10 @@ class ModelConfig:
     device: str = "auto"
     max_model_len: int | None = None
     seed: int = 0
+    load_format: str = "auto"  # auto: the checkpoint's safetensors | dummy: random weights
 
     def __post_init__(self) -> None:
+        _require(self.load_format in ("auto", "dummy"), "load_format must be auto | dummy")
         _require(self.dtype in _DTYPES, f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         _require(self.device in _DEVICES, f"device must be one of {_DEVICES}, got {self.device!r}")
         _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be > 0")

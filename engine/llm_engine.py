@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -41,10 +42,13 @@ class LLMEngine:
         max_useful_blocks = config.scheduler.max_num_seqs * cdiv(max_model_len, block_size)
         num_blocks = self.runner.determine_num_blocks(max_useful_blocks)
         self.runner.initialize_kv_cache(num_blocks)
+        num_cpu_blocks = self.runner.num_swap_blocks(max_useful_blocks)
+        self.runner.initialize_swap_space(num_cpu_blocks)
         # A lone request must always fit the pool, so nothing can wait for blocks forever.
         self.max_model_len = min(max_model_len, num_blocks * block_size)
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size,
-                                               config.cache.enable_prefix_caching)
+                                               config.cache.enable_prefix_caching,
+                                               num_cpu_blocks)
         self.lora_manager: LoRAManager | None = None
         if config.lora.enable_lora:
             self.lora_manager = LoRAManager(config.lora, arch, self.runner.dtype,
@@ -58,6 +62,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.num_generated_tokens = 0
         self.num_steps = 0
+        self._throughput = _RateMeter()
 
     @classmethod
     def from_engine_args(cls, model: str, **kwargs: Any) -> LLMEngine:
@@ -160,26 +165,63 @@ class LLMEngine:
         outputs, stopped = self.output_processor.process(updated, runner_output.logprobs)
         self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         self.num_generated_tokens += len(runner_output.sampled_token_ids)
+        self._throughput.add(len(runner_output.sampled_token_ids))
         self.num_steps += 1
         return outputs
 
     def get_stats(self) -> dict[str, Any]:
+        """Counters and gauges for the platform (names follow platform/metrics.py)."""
         scheduler, kv = self.scheduler, self.kv_cache_manager
+        used = kv.num_blocks - kv.num_free_blocks
+        queried = kv.num_prefix_queried_tokens
+        lora = self.lora_manager.get_stats() if self.lora_manager else {}
         return {
             "num_running": len(scheduler.running),
             "num_waiting": len(scheduler.waiting),
-            "num_swapped": 0,
+            "num_swapped": scheduler.num_swapped,
             "num_waiting_tokens": scheduler.num_waiting_tokens,
             "kv_blocks_total": kv.num_blocks,
-            "kv_blocks_used": kv.num_blocks - kv.num_free_blocks,
+            "kv_blocks_used": used,
             "kv_blocks_cached": kv.block_pool.num_cached_blocks,
+            "kv_usage": used / kv.num_blocks,
             "num_preemptions": scheduler.num_preemptions,
-            "prefix_cache_queried_tokens": kv.num_prefix_queried_tokens,
+            "num_preemptions_by_mode": dict(scheduler.num_preemptions_by_mode),
+            "swap_bytes_out": kv.swap_space.num_swapped_out_blocks * self.runner.kv_bytes_per_block,
+            "swap_bytes_in": kv.swap_space.num_swapped_in_blocks * self.runner.kv_bytes_per_block,
+            "kv_cpu_blocks_total": kv.swap_space.num_cpu_blocks,
+            "kv_cpu_blocks_used": kv.swap_space.num_cpu_blocks - kv.swap_space.num_free_blocks,
+            "prefix_cache_queried_tokens": queried,
             "prefix_cache_hit_tokens": kv.num_prefix_hit_tokens,
+            "prefix_cache_hit_rate": kv.num_prefix_hit_tokens / queried if queried else 0.0,
             "num_generated_tokens": self.num_generated_tokens,
             "num_steps": self.num_steps,
-            **(self.lora_manager.get_stats() if self.lora_manager else {}),
+            "throughput_tokens_per_s": self._throughput.rate(),
+            "loaded_adapters_gpu": lora.get("loras_gpu", 0),
+            "loaded_adapters_cpu": lora.get("loras_cpu", 0),
+            "num_adapter_loads": lora.get("lora_gpu_loads", 0),
+            "num_adapter_evictions": lora.get("lora_gpu_evictions", 0),
+            **lora,
         }
+
+
+class _RateMeter:
+    """Tokens per second over roughly the last `window_s` seconds."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+
+    def add(self, num_tokens: int) -> None:
+        now = time.monotonic()
+        self._events.append((now, num_tokens))
+        while self._events and now - self._events[0][0] > self.window_s:
+            self._events.popleft()
+
+    def rate(self) -> float:
+        if len(self._events) < 2:
+            return 0.0
+        span = self._events[-1][0] - self._events[0][0]
+        return sum(n for _, n in list(self._events)[1:]) / span if span > 0 else 0.0
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -90,6 +90,10 @@ class OutputProcessor:
     def _advance(self, completion: _Completion) -> bool:
         """Detokenize the new token; True if a stop string ended the completion here."""
         request = completion.request
+        if not request.sampling_params.detokenize:
+            if request.is_finished:
+                completion.finish_reason = request.status.finish_reason
+            return False
         delta = completion.detokenizer.append(request.output_token_ids[-1:])
         completion.text += delta
         stops = request.sampling_params.stop or []

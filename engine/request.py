@@ -55,6 +55,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     min_tokens: int = 0
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from loraplex.engine.kv_cache.block_hash import hash_block_extra, hash_request_blocks
 from loraplex.engine.kv_cache.block_pool import BlockPool, KVCacheBlock
+from loraplex.engine.kv_cache.swap_space import SwapSpace
 from loraplex.engine.request import Request
 
 
@@ -15,9 +16,11 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False,
+                 num_cpu_blocks: int = 0) -> None:
         self.block_size = block_size
         self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.swap_space = SwapSpace(num_cpu_blocks)
         self.enable_caching = enable_caching
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self._req_to_hashes: dict[str, list[bytes]] = {}
@@ -88,6 +91,30 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self._req_to_hashes.pop(request.request_id, None)
         self.block_pool.free_blocks(list(reversed(blocks)))
+        self.swap_space.release(request.request_id)
+
+    def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
+        """Move a request's blocks to CPU swap space: (gpu, cpu) pairs to copy, or None
+        (changing nothing) when the swap space is short. Its GPU blocks are freed."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        if not self.swap_space.can_hold(len(blocks)):
+            return None
+        cpu_ids = self.swap_space.store(request.request_id, len(blocks))
+        mapping = [(block.block_id, cpu_id) for block, cpu_id in zip(blocks, cpu_ids, strict=True)]
+        del self.req_to_blocks[request.request_id]
+        self.block_pool.free_blocks(list(reversed(blocks)))
+        return mapping
+
+    def swap_in(self, request: Request) -> list[tuple[int, int]] | None:
+        """Bring a swapped request back: (cpu, gpu) pairs to copy, or None when GPU blocks
+        are short. Room for its next tokens is allocated separately (allocate_slots)."""
+        cpu_ids = self.swap_space.held(request.request_id)
+        if len(cpu_ids) > self.block_pool.num_free_blocks:
+            return None
+        blocks = self.block_pool.get_new_blocks(len(cpu_ids))
+        self.req_to_blocks[request.request_id] = blocks
+        self.swap_space.release(request.request_id, swapped_in=True)
+        return [(cpu_id, block.block_id) for cpu_id, block in zip(cpu_ids, blocks, strict=True)]
 
     def _block_hashes(self, request: Request) -> list[bytes]:
         known = self._req_to_hashes.get(request.request_id)
@@ -115,6 +142,7 @@ class KVCacheManager:
     def check_integrity(self) -> None:
         """Ref counts equal the number of requests holding each block; the pool is consistent."""
         self.block_pool.check_integrity()
+        self.swap_space.check_integrity()
         holders: dict[int, int] = {}
         for blocks in self.req_to_blocks.values():
             ids = [block.block_id for block in blocks]

@@ -11,8 +11,10 @@ from typing import Protocol
 import torch
 
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.model.dummy_weights import create_dummy_model
 from loraplex.engine.model.weight_loader import load_model
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext, LoRAApplier
+from loraplex.engine.request import Request
 from loraplex.engine.runner.input_batch import ModelInputs, prepare_inputs
 from loraplex.engine.sampler import Sampler
 from loraplex.engine.sampling_metadata import SamplingMetadata, create_generator
@@ -36,10 +38,16 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config.model.device)
         torch.manual_seed(config.model.seed)
-        self.model, self.arch = load_model(config.model.model, config.model.dtype, self.device)
+        if config.model.load_format == "dummy":
+            self.model, self.arch = create_dummy_model(config.model.model, config.model.dtype,
+                                                       self.device)
+        else:
+            self.model, self.arch = load_model(config.model.model, config.model.dtype,
+                                               self.device)
         self.dtype = next(self.model.parameters()).dtype
         self.block_size = config.cache.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.cpu_kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
         # Set by the LoRA manager when LoRA is enabled (engine/lora).
@@ -112,13 +120,44 @@ class ModelRunner:
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, self.block_size,
                     self._kv_cache_bytes() / GiB)
 
+    def initialize_swap_space(self, num_cpu_blocks: int) -> None:
+        """CPU copies of the KV layout for swapped-out requests (pinned when on CUDA)."""
+        shape = (num_cpu_blocks, self.block_size, self.arch.num_key_value_heads,
+                 self.arch.head_dim)
+        pin = self.device.type == "cuda"
+        self.cpu_kv_caches = [
+            (torch.empty(shape, dtype=self.dtype, pin_memory=pin),
+             torch.empty(shape, dtype=self.dtype, pin_memory=pin))
+            for _ in range(self.arch.num_hidden_layers)
+        ] if num_cpu_blocks > 0 else []
+
+    def num_swap_blocks(self, max_useful_blocks: int) -> int:
+        bytes_total = int(self.config.cache.swap_space_gb * GiB)
+        if self.config.scheduler.preemption_mode != "swap":
+            return 0
+        return min(bytes_total // self.kv_bytes_per_block, max_useful_blocks)
+
+    def _swap(self, mapping: list[tuple[int, int]], to_cpu: bool) -> None:
+        if not mapping:
+            return
+        src_caches, dst_caches = ((self.kv_caches, self.cpu_kv_caches) if to_cpu
+                                  else (self.cpu_kv_caches, self.kv_caches))
+        src_ids = torch.tensor([m[0] for m in mapping], device=src_caches[0][0].device)
+        dst_ids = torch.tensor([m[1] for m in mapping], device=dst_caches[0][0].device)
+        for src_layer, dst_layer in zip(src_caches, dst_caches, strict=True):
+            for src, dst in zip(src_layer, dst_layer, strict=True):
+                dst[dst_ids] = src[src_ids].to(dst.device)
+
     # ---- one step --------------------------------------------------------------------------
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
-        if scheduler_output.is_empty:
+        # Swap-outs first: their GPU blocks may be handed to others in this very step.
+        self._swap(scheduler_output.blocks_to_swap_out, to_cpu=True)
+        self._swap(scheduler_output.blocks_to_swap_in, to_cpu=False)
+        if not scheduler_output.scheduled:
             return ModelRunnerOutput()
         inputs = prepare_inputs(scheduler_output.scheduled, self.block_size, self.device)
         lora = self.lora.prepare(inputs.token_lora_hashes) if self.lora is not None else None
@@ -137,6 +176,7 @@ class ModelRunner:
             [r.output_token_ids for r in requests],
             [self._generator_for(r.request_id, r.sampling_params.seed) for r in requests],
             self.device,
+            stop_token_ids=_min_tokens_stops(requests),
         )
         sampled = self.sampler(logits, metadata)
         output = ModelRunnerOutput()
@@ -158,3 +198,15 @@ class LoRAApplierFactory(Protocol):
     """What the LoRA manager offers the runner: this step's token → adapter mapping."""
 
     def prepare(self, token_lora_hashes: list[str | None]) -> LoRAApplier | None: ...
+
+
+def _min_tokens_stops(requests: list[Request]) -> list[list[int]] | None:
+    """Per row, the tokens banned until `min_tokens` is reached (None when no row needs it)."""
+    if all(r.sampling_params.min_tokens == 0 for r in requests):
+        return None
+    return [
+        ([] if r.sampling_params.ignore_eos else sorted(r.eos_token_ids))
+        + list(r.sampling_params.stop_token_ids or [])
+        if r.num_output_tokens < r.sampling_params.min_tokens else []
+        for r in requests
+    ]

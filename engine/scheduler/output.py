@@ -29,6 +29,10 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     # Requests that ended since the last step: the runner drops their per-request state.
     finished_request_ids: set[str] = field(default_factory=set)
+    # KV copies the runner makes before the forward pass, swap-outs first:
+    # (gpu block, cpu block) pairs out, then (cpu block, gpu block) pairs in.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -36,7 +40,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.scheduled and not self.blocks_to_swap_out and not self.blocks_to_swap_in
 
 
 @dataclass

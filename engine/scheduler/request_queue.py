@@ -1,8 +1,8 @@
-"""Waiting queues: first-come-first-served, or by (priority, arrival)."""
+"""Waiting queues: first-come-first-served, or by (priority, fair share, arrival)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from loraplex.engine.request import Request
 
@@ -13,27 +13,39 @@ def priority_key(request: Request) -> tuple[int, float]:
 
 
 class WaitingQueue:
-    """Waiting requests in admission order. Small (hundreds), so a sorted list is enough."""
+    """Waiting requests in admission order. Small (hundreds), so a sorted list is enough.
 
-    def __init__(self, policy: str) -> None:
+    Under the priority policy, requests of equal priority are ordered by their fairness
+    key's share so far (`fair_share`, lower first), then by arrival.
+    """
+
+    def __init__(self, policy: str, fair_share: Callable[[str], float] | None = None) -> None:
         self.policy = policy
+        self.fair_share = fair_share
         self._requests: list[Request] = []
 
     def add(self, request: Request) -> None:
         self._requests.append(request)
-        self._sort()
+        self.sort()
 
     def add_front(self, request: Request) -> None:
         """A preempted request goes back ahead of its equals (FCFS: ahead of everyone)."""
         self._requests.insert(0, request)
-        self._sort()
+        self.sort()
 
     def remove(self, request: Request) -> None:
         self._requests.remove(request)
 
-    def _sort(self) -> None:
-        if self.policy == "priority":
-            self._requests.sort(key=priority_key)  # stable: ties keep insertion order
+    def sort(self) -> None:
+        """Re-rank (fair shares change every step); stable, so ties keep their order."""
+        if self.policy != "priority":
+            return
+        share = self.fair_share
+        if share is None:
+            self._requests.sort(key=priority_key)
+        else:
+            self._requests.sort(
+                key=lambda r: (r.priority, share(r.fairness_key), r.arrival_time))
 
     def __iter__(self) -> Iterator[Request]:
         return iter(list(self._requests))
@@ -43,6 +55,3 @@ class WaitingQueue:
 
     def __bool__(self) -> bool:
         return bool(self._requests)
-
-    def peek(self) -> Request:
-        return self._requests[0]

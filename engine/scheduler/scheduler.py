@@ -1,30 +1,48 @@
 """Continuous batching at iteration level, with chunked prefill under a token budget.
 
 Each step hands out `max_num_batched_tokens` tokens: first to running requests (a decode
-needs 1, an unfinished prefill its next chunk), then to waiting ones in queue order, up to
-`max_num_seqs` running. A request with no room for its next tokens makes the scheduler preempt
-the least valuable running request (recompute: its blocks are freed and it is re-prefilled
-later, output tokens included, so its output is unchanged).
+needs 1, an unfinished prefill its next chunk; most urgent first under the priority policy),
+then to waiting ones in queue order, up to `max_num_seqs` running.
+
+Preemption frees room for others: when a running request has no blocks for its next tokens,
+or (priority policy) a waiting request is more urgent than a running one that blocks it, the
+least urgent, most recent running request is preempted. `swap` copies its KV to CPU swap space
+and keeps its progress; `recompute` (also the fallback when swap space is short) frees its
+blocks and re-prefills it later, output tokens included. Either way its output is unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.kv_cache import KVCacheManager
+from loraplex.engine.kv_cache.kv_cache_manager import cdiv
 from loraplex.engine.request import (
     InvalidRequestError,
     Request,
     RequestStatus,
     RequestTooLongError,
 )
+from loraplex.engine.scheduler.fairness import VirtualTokenCounter
 from loraplex.engine.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from loraplex.engine.scheduler.request_queue import WaitingQueue, priority_key
 
 # How many steps a request may be passed over because the adapter cap is reached before
 # admission stops for everyone behind it (bounds its wait; see schedule()).
 LORA_MAX_SKIP_STEPS = 8
+
+
+@dataclass
+class _Step:
+    """The step being built."""
+
+    budget: int
+    scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)
+    preempted: list[Request] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -37,11 +55,17 @@ class Scheduler:
         # Distinct adapters allowed among running requests (the GPU slots), None = no LoRA.
         self.max_loras = max_loras
         self.on_finish = on_finish
-        self.waiting = WaitingQueue(config.scheduling_policy)
+        self.fairness = VirtualTokenCounter()
+        self.waiting = WaitingQueue(config.scheduling_policy, self.fairness)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_request_ids: set[str] = set()
         self.num_preemptions = 0
+        self.num_preemptions_by_mode = {"swap": 0, "recompute": 0}
+
+    @property
+    def is_priority(self) -> bool:
+        return self.config.scheduling_policy == "priority"
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -58,6 +82,7 @@ class Scheduler:
         assert request.request_id not in self.requests, f"duplicate id {request.request_id}"
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
+        self.fairness.on_add(request.fairness_key)
         self.waiting.add(request)
 
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
@@ -81,64 +106,52 @@ class Scheduler:
     def num_waiting_tokens(self) -> int:
         return sum(r.num_tokens - r.num_computed_tokens for r in self.waiting)
 
+    @property
+    def num_swapped(self) -> int:
+        return sum(1 for r in self.waiting if r.status == RequestStatus.SWAPPED)
+
     # ---- one step ------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        scheduled: dict[str, ScheduledRequest] = {}
-        preempted = False
-
-        for request in list(self.running):
+        step = _Step(budget=self.config.max_num_batched_tokens)
+        running = sorted(self.running, key=priority_key) if self.is_priority else self.running
+        for request in list(running):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
             if num_new <= 0:
                 break
             while not self.kv_cache_manager.allocate_slots(request, num_new):
                 victim = self._pick_victim()
-                dropped = scheduled.pop(victim.request_id, None)
-                if dropped is not None:
-                    budget += dropped.num_new_tokens
-                self._preempt(victim)
-                preempted = True
+                self._preempt(victim, step)
                 if victim is request:
                     break
             else:
-                scheduled[request.request_id] = self._scheduled(request, num_new)
-                budget -= num_new
+                self._add_to_step(request, num_new, step)
 
-        # Admit waiting requests only in a step without preemption: blocks are short otherwise.
-        if not preempted:
-            running_loras = {r.lora_int_id for r in self.running if r.lora_int_id}
-            for request in self.waiting:
-                if len(self.running) >= self.config.max_num_seqs or budget <= 0:
+        self.waiting.sort()
+        running_loras = {r.lora_int_id for r in self.running if r.lora_int_id}
+        for request in self.waiting:
+            if step.preempted and not self._outranks(request, step.preempted):
+                break  # blocks are short: only a more urgent request may take them
+            if not self._lora_fits(request, running_loras):
+                # Skip ahead while the step's adapters are all taken, but only for a bounded
+                # number of steps: then admission stops until its adapter fits, so running
+                # adapters drain and it gets a slot.
+                request.num_lora_wait_steps += 1
+                if request.num_lora_wait_steps > LORA_MAX_SKIP_STEPS:
                     break
-                if not self._lora_fits(request, running_loras):
-                    # Skip ahead while the step's adapters are all taken, but only for a
-                    # bounded number of steps: then admission stops until its adapter fits,
-                    # so running adapters drain and it gets a slot.
-                    request.num_lora_wait_steps += 1
-                    if request.num_lora_wait_steps > LORA_MAX_SKIP_STEPS:
-                        break
-                    continue
-                computed_blocks, num_cached = [], 0
-                if request.num_computed_tokens == 0:
-                    computed_blocks, num_cached = self.kv_cache_manager.get_computed_blocks(request)
-                num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, budget)
-                if not self.kv_cache_manager.allocate_slots(request, num_new, computed_blocks):
-                    break  # no skipping ahead: the queue head must not starve
-                request.num_computed_tokens += num_cached
-                if request.lora_int_id:
-                    running_loras.add(request.lora_int_id)
-                self.waiting.remove(request)
-                self.running.append(request)
-                request.status = RequestStatus.RUNNING
-                scheduled[request.request_id] = self._scheduled(request, num_new)
-                budget -= num_new
+                continue
+            if not self._admit(request, step):
+                break  # no skipping ahead: the queue head must not starve
+            if request.lora_int_id:
+                running_loras.add(request.lora_int_id)
 
         output = SchedulerOutput(
-            scheduled=list(scheduled.values()),
+            scheduled=list(step.scheduled.values()),
             finished_request_ids=self._finished_request_ids,
+            blocks_to_swap_out=step.swap_out,
+            blocks_to_swap_in=step.swap_in,
         )
         self._finished_request_ids = set()
         return output
@@ -154,6 +167,7 @@ class Scheduler:
             request = item.request
             sampled = item.needs_sample
             request.num_computed_tokens += item.num_new_tokens
+            self.fairness.charge(request.fairness_key, item.num_new_tokens)
             if not sampled:
                 continue
             token_id = runner_output.sampled_token_ids[request.request_id]
@@ -166,31 +180,92 @@ class Scheduler:
             updated.append(request)
         return updated
 
-    # ---- internals -----------------------------------------------------------------------
+    # ---- admission and preemption --------------------------------------------------------
 
-    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _admit(self, request: Request, step: _Step) -> bool:
+        """Move a waiting request into the step, preempting less urgent ones if allowed."""
+        while not self._try_admit(request, step):
+            victim = self._victim_for(request) if self.is_priority else None
+            if victim is None:
+                return False
+            self._preempt(victim, step)
+        return True
+
+    def _try_admit(self, request: Request, step: _Step) -> bool:
+        if len(self.running) >= self.config.max_num_seqs or step.budget <= 0:
+            return False
+        kv = self.kv_cache_manager
+        if request.status == RequestStatus.SWAPPED:
+            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
+            blocks_needed = cdiv(request.num_computed_tokens + num_new, kv.block_size)
+            if blocks_needed > kv.num_free_blocks:
+                return False
+            swap_in = kv.swap_in(request)
+            assert swap_in is not None
+            step.swap_in.extend(swap_in)
+            assert kv.allocate_slots(request, num_new)
+        else:
+            computed_blocks, num_cached = [], 0
+            if request.num_computed_tokens == 0:
+                computed_blocks, num_cached = kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - request.num_computed_tokens - num_cached,
+                          step.budget)
+            if not kv.allocate_slots(request, num_new, computed_blocks):
+                return False
+            request.num_computed_tokens += num_cached
+        self.waiting.remove(request)
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        self._add_to_step(request, num_new, step)
+        return True
+
+    def _add_to_step(self, request: Request, num_new: int, step: _Step) -> None:
         block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-        return ScheduledRequest(request, num_new, block_ids)
+        step.scheduled[request.request_id] = ScheduledRequest(request, num_new, block_ids)
+        step.budget -= num_new
+
+    def _pick_victim(self) -> Request:
+        """The least urgent, most recent running request (vLLM's order)."""
+        if self.is_priority:
+            return max(self.running, key=priority_key)
+        return self.running[-1]
+
+    def _victim_for(self, request: Request) -> Request | None:
+        """A running request strictly less urgent than `request`, the least urgent first."""
+        candidates = [r for r in self.running if r.priority > request.priority]
+        return max(candidates, key=priority_key) if candidates else None
+
+    @staticmethod
+    def _outranks(request: Request, preempted: list[Request]) -> bool:
+        return request not in preempted and all(request.priority < p.priority for p in preempted)
+
+    def _preempt(self, request: Request, step: _Step) -> None:
+        dropped = step.scheduled.pop(request.request_id, None)
+        if dropped is not None:
+            step.budget += dropped.num_new_tokens
+        self.running.remove(request)
+        kv = self.kv_cache_manager
+        swap_out = kv.swap_out(request) if self.config.preemption_mode == "swap" else None
+        if swap_out is not None:
+            step.swap_out.extend(swap_out)
+            request.status = RequestStatus.SWAPPED
+            self.num_preemptions_by_mode["swap"] += 1
+        else:
+            kv.free(request)
+            request.num_computed_tokens = 0
+            request.status = RequestStatus.PREEMPTED
+            self.num_preemptions_by_mode["recompute"] += 1
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        step.preempted.append(request)
+        self.waiting.add_front(request)
 
     def _lora_fits(self, request: Request, running_loras: set[int]) -> bool:
         if self.max_loras is None or not request.lora_int_id:
             return True
         return request.lora_int_id in running_loras or len(running_loras) < self.max_loras
 
-    def _pick_victim(self) -> Request:
-        """The least urgent, most recent running request (vLLM's order)."""
-        if self.config.scheduling_policy == "priority":
-            return max(self.running, key=priority_key)
-        return self.running[-1]
-
-    def _preempt(self, request: Request) -> None:
-        self.running.remove(request)
-        self.kv_cache_manager.free(request)
-        request.num_computed_tokens = 0
-        request.num_preemptions += 1
-        request.status = RequestStatus.PREEMPTED
-        self.num_preemptions += 1
-        self.waiting.add_front(request)
+    # ---- endings -------------------------------------------------------------------------
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params
@@ -208,6 +283,7 @@ class Scheduler:
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
+        self.fairness.on_finish(request.fairness_key)
         self._finished_request_ids.add(request.request_id)
         if self.on_finish is not None:
             self.on_finish(request)

@@ -44,13 +44,20 @@ def run_engine(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 @pytest.mark.parametrize("engine_kwargs", [
     pytest.param({}, id="default"),
     pytest.param({"max_num_batched_tokens": 7, "block_size": 4}, id="chunked-prefill"),
-    pytest.param({"num_kv_blocks": 14, "block_size": 4, "enable_prefix_caching": False},
-                 id="preemption"),
+    pytest.param({"num_kv_blocks": 14, "block_size": 4, "preemption_mode": "swap"},
+                 id="preemption-swap"),
+    pytest.param({"num_kv_blocks": 14, "block_size": 4, "preemption_mode": "recompute"},
+                 id="preemption-recompute"),
+    pytest.param({"num_kv_blocks": 14, "block_size": 4, "swap_space_gb": 1e-6},
+                 id="preemption-swap-space-short"),
 ])
 def test_greedy_matches_hf(checkpoint, engine_kwargs):
     prompts = make_prompts()
     expected = hf_greedy(checkpoint, prompts, MAX_TOKENS)
     llm = LLM(str(checkpoint), device="cpu", dtype="float32", **engine_kwargs)
     assert run_engine(llm, prompts) == expected
-    if "num_kv_blocks" in engine_kwargs:
-        assert llm.engine.scheduler.num_preemptions > 0
+    by_mode = llm.engine.scheduler.num_preemptions_by_mode
+    if engine_kwargs.get("preemption_mode") == "swap":
+        assert by_mode["swap"] > 0
+    if engine_kwargs.get("preemption_mode") == "recompute" or "swap_space_gb" in engine_kwargs:
+        assert by_mode["recompute"] > 0

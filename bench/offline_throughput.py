@@ -1,0 +1,162 @@
+"""Offline throughput: Loraplex vs HF transformers `generate` on the same model, same run.
+
+    python bench/offline_throughput.py                       # demo model (SmolLM2-135M), CPU
+    python bench/offline_throughput.py --shape llama3-8b --device cuda --dtype bfloat16 \\
+        --num-prompts 64 --min-prompt 512 --max-prompt 512 --output-len 128 --adapters 0,1,8,64
+
+HF runs static batches of `--hf-batch-size` prompts, left-padded (its usual offline use);
+Loraplex gets every prompt at once (continuous batching). With `--adapters`, the engine runs the
+same workload once per adapter count (requests spread round-robin over random rank
+`--lora-rank` adapters on all 7 projections) and prints each run's ratio to the no-adapter run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workload import synthetic_prompts, write_random_adapter, write_shape_checkpoint  # noqa: E402
+
+from loraplex.engine import LLM, LoRARequest, SamplingParams  # noqa: E402
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_hf(model_dir: Path, prompts: list[list[int]], output_len: int, batch_size: int,
+           device: str, dtype: torch.dtype, dummy: bool) -> float:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if dummy:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir),
+                                                     dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+    model.eval()
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        batch = prompts[i:i + batch_size]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch],
+                            device=device)
+        with torch.no_grad():
+            model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=output_len,
+                           min_new_tokens=output_len, pad_token_id=0)
+    sync(device)
+    elapsed = time.perf_counter() - start
+    del model
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return elapsed
+
+
+def run_engine(llm: LLM, prompts: list[list[int]], output_len: int,
+               loras: list[LoRARequest | None], device: str) -> float:
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True,
+                            detokenize=False)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    llm.generate(requests[:2], params, lora_request=loras[:2], use_tqdm=False)  # warm-up
+    sync(device)
+    start = time.perf_counter()
+    outs = llm.generate(requests, params, lora_request=loras, use_tqdm=False)
+    sync(device)
+    assert all(len(o.outputs[0].token_ids) == output_len for o in outs)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="HF checkpoint dir (default: the demo model)")
+    ap.add_argument("--shape", choices=["llama3-8b"], help="random weights at a named shape")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--min-prompt", type=int, default=16)
+    ap.add_argument("--max-prompt", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--hf-batch-size", type=int, default=8)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    ap.add_argument("--adapters", default="", help="adapter counts, e.g. 0,1,8,64")
+    ap.add_argument("--lora-rank", type=int, default=16)
+    ap.add_argument("--max-loras", type=int, default=8)
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    dtype_name = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    dtype = getattr(torch, dtype_name)
+    tmp = Path(tempfile.mkdtemp(prefix="loraplex-bench-"))
+    dummy = args.shape is not None
+    if dummy:
+        model_dir = write_shape_checkpoint(args.shape, tmp / args.shape)
+    elif args.model:
+        model_dir = Path(args.model)
+    else:
+        from loraplex.engine.model.demo_checkpoint import ensure_demo_checkpoint
+
+        model_dir = ensure_demo_checkpoint(None)
+    config = json.loads((model_dir / "config.json").read_text())
+    prompts = synthetic_prompts(args.num_prompts, args.min_prompt, args.max_prompt,
+                                config["vocab_size"])
+    num_out = args.num_prompts * args.output_len
+    results: dict = {"model": args.shape or str(model_dir), "device": args.device,
+                     "dtype": dtype_name, "num_prompts": args.num_prompts,
+                     "prompt_len": [args.min_prompt, args.max_prompt],
+                     "output_len": args.output_len, "runs": {}}
+    if args.device == "cuda":
+        results["gpu"] = torch.cuda.get_device_name()
+
+    if not args.skip_hf:
+        hf_s = run_hf(model_dir, prompts, args.output_len, args.hf_batch_size, args.device,
+                      dtype, dummy)
+        results["runs"]["hf"] = {"seconds": hf_s, "output_tok_s": num_out / hf_s}
+        print(f"HF transformers generate (static batches of {args.hf_batch_size}): "
+              f"{num_out / hf_s:9.1f} output tok/s ({hf_s:.2f} s)", flush=True)
+
+    counts = [int(c) for c in args.adapters.split(",")] if args.adapters else [0]
+    llm = LLM(str(model_dir), device=args.device, dtype=dtype_name,
+              load_format="dummy" if dummy else "auto", max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
+              enable_lora=max(counts) > 0, max_loras=args.max_loras,
+              max_lora_rank=max(args.lora_rank, 8), max_cpu_loras=max(max(counts), args.max_loras))
+    base_tok_s = None
+    for count in counts:
+        loras: list[LoRARequest | None] = [None] * len(prompts)
+        if count:
+            reqs = [LoRARequest(f"a{i}", i + 1, str(write_random_adapter(
+                tmp / f"adapter{i}", config, args.lora_rank, seed=i))) for i in range(count)]
+            loras = [reqs[i % count] for i in range(len(prompts))]
+        seconds = run_engine(llm, prompts, args.output_len, loras, args.device)
+        tok_s = num_out / seconds
+        base_tok_s = base_tok_s or tok_s
+        results["runs"][f"loraplex_{count}_adapters"] = {
+            "seconds": seconds, "output_tok_s": tok_s, "ratio_to_no_adapter": tok_s / base_tok_s}
+        line = f"Loraplex, {count:3d} adapters (rank {args.lora_rank}): {tok_s:9.1f} output tok/s"
+        line += f" ({seconds:.2f} s), {tok_s / base_tok_s:.3f}x the no-adapter run"
+        if "hf" in results["runs"]:
+            line += f", {tok_s / results['runs']['hf']['output_tok_s']:.2f}x HF"
+        print(line, flush=True)
+    results["engine_stats"] = llm.engine.get_stats()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

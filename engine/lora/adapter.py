@@ -1,0 +1,233 @@
+"""Load a PEFT LoRA directory into validated float32 A/B pairs, never unpickling anything.
+
+A directory holds `adapter_config.json` and `adapter_model.safetensors`. Both files are read
+once; the same bytes are validated, hashed and loaded, so a file swapped on disk mid-load cannot
+slip past the checks. Shapes, not the config's `base_model_name_or_path`, decide whether the
+adapter fits the base model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from safetensors.torch import load as load_safetensors
+
+from loraplex.engine.lora.adapter_config import (
+    SUPPORTED_TARGET_MODULES,
+    LoRAAdapterConfig,
+    parse_adapter_config,
+)
+from loraplex.engine.lora.errors import InvalidAdapterError
+from loraplex.engine.lora.safetensors_header import TensorInfo, parse_safetensors_header
+
+__all__ = ["ArchLike", "LoRAAdapter", "load_lora_adapter", "lora_module_shapes"]
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+# Pickle-based formats: loading them can run arbitrary code, so their presence is an error.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+_HASH_DOMAIN = b"loraplex-lora-adapter-v1\0"
+# PEFT's names for a Llama-family causal LM; no adapter name segment (PEFT strips "default").
+_TENSOR_NAME = re.compile(
+    r"base_model\.model\.model\.layers\.(0|[1-9][0-9]{0,5})\."
+    r"(self_attn\.(?:q_proj|k_proj|v_proj|o_proj)|mlp\.(?:gate_proj|up_proj|down_proj))"
+    r"\.lora_([AB])\.weight"
+)
+
+LayerModule = tuple[int, str]  # (layer_idx, module), e.g. (0, "q_proj")
+
+
+class ArchLike(Protocol):
+    """What the loader needs from the base model (`model.hf_config.ModelArchConfig` fits)."""
+
+    @property
+    def model_type(self) -> str: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_hidden_layers(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_key_value_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class LoRAAdapter:
+    """A validated adapter: `weights[(layer_idx, module)] = (A [r, in_dim], B [out_dim, r])`,
+    float32 on the CPU. The delta of a module is `scaling * x @ A.T @ B.T`."""
+
+    rank: int
+    lora_alpha: float
+    scaling: float
+    target_modules: tuple[str, ...]  # in SUPPORTED_TARGET_MODULES order
+    weights: dict[LayerModule, tuple[torch.Tensor, torch.Tensor]]
+    # sha256 over a domain tag, the config's canonical JSON (length-prefixed) and the
+    # safetensors bytes: equal hashes mean the same adapter whatever its name or path.
+    content_hash: str
+    size_bytes: int  # adapter_config.json + adapter_model.safetensors on disk
+    base_model_name_or_path: str | None  # informational only
+
+    @property
+    def num_weight_bytes(self) -> int:
+        """Bytes the float32 A/B tensors occupy in memory."""
+        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
+
+
+def lora_module_shapes(arch: ArchLike) -> dict[str, tuple[int, int]]:
+    """(in_dim, out_dim) of each adaptable projection of the base model."""
+    q_dim = arch.num_attention_heads * arch.head_dim
+    kv_dim = arch.num_key_value_heads * arch.head_dim
+    h, i = arch.hidden_size, arch.intermediate_size
+    return {
+        "q_proj": (h, q_dim),
+        "k_proj": (h, kv_dim),
+        "v_proj": (h, kv_dim),
+        "o_proj": (q_dim, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
+
+
+def _read_files(path: Path) -> tuple[bytes, bytes]:
+    if not path.is_dir():
+        raise InvalidAdapterError("adapter path is not a directory")
+    pickles = sorted(p.name for p in path.iterdir() if p.name.lower().endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise InvalidAdapterError(
+            f"pickle-based weight files are not accepted ({', '.join(pickles[:5])}); "
+            f"provide {WEIGHTS_FILE}"
+        )
+    blobs = []
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        file = path / name
+        if not file.is_file():  # also refuses FIFOs and devices, which could block a read
+            raise InvalidAdapterError(f"adapter directory is missing {name}")
+        blobs.append(file.read_bytes())
+    return blobs[0], blobs[1]
+
+
+def _shape_message(
+    name: str,
+    got: tuple[int, ...],
+    want: tuple[int, int],
+    side: str,
+    config: LoRAAdapterConfig,
+    arch: ArchLike,
+) -> str:
+    prefix = f"tensor {name!r} has shape {list(got)}, expected {list(want)}"
+    rank_dim = 0 if side == "A" else 1
+    if len(got) == 2 and got[1 - rank_dim] == want[1 - rank_dim]:
+        return f"{prefix}: its rank {got[rank_dim]} differs from r={config.rank} in the config"
+    return (
+        f"{prefix} for this {arch.model_type} base model (hidden_size {arch.hidden_size}); "
+        "the adapter was likely trained for another base model (its config names "
+        f"{config.base_model_name_or_path!r})"
+    )
+
+
+def _check_target_layers(config: LoRAAdapterConfig, num_layers: int) -> None:
+    for module, layers in config.target_layers.items():
+        if layers is not None and layers != tuple(range(num_layers)):
+            raise InvalidAdapterError(
+                f"target_modules names {module} for layers {list(layers)[:10]} only; the base "
+                f"model has {num_layers} layers and adapting a subset of them is not supported"
+            )
+
+
+def _index_tensors(
+    tensors: dict[str, TensorInfo], config: LoRAAdapterConfig, arch: ArchLike
+) -> dict[tuple[int, str, str], str]:
+    # (layer_idx, module, "A" | "B") -> tensor name; checks names and shapes before loading.
+    _check_target_layers(config, arch.num_hidden_layers)
+    shapes = lora_module_shapes(arch)
+    index: dict[tuple[int, str, str], str] = {}
+    for name, info in tensors.items():
+        match = _TENSOR_NAME.fullmatch(name)
+        if match is None:
+            raise InvalidAdapterError(
+                f"unexpected tensor {name[:200]!r}: expected "
+                "base_model.model.model.layers.<i>.{self_attn|mlp}.<module>.lora_{A|B}.weight"
+            )
+        layer, module, side = int(match[1]), match[2].split(".")[1], match[3]
+        if layer >= arch.num_hidden_layers:
+            raise InvalidAdapterError(
+                f"tensor {name!r}: layer {layer} out of range; the base model has "
+                f"{arch.num_hidden_layers} layers"
+            )
+        if module not in config.target_modules:
+            raise InvalidAdapterError(
+                f"tensor {name!r} is for {module}, which is not in target_modules "
+                f"{list(config.target_modules)}"
+            )
+        in_dim, out_dim = shapes[module]
+        want = (config.rank, in_dim) if side == "A" else (out_dim, config.rank)
+        if info.shape != want:
+            raise InvalidAdapterError(_shape_message(name, info.shape, want, side, config, arch))
+        index[(layer, module, side)] = name
+    for layer in range(arch.num_hidden_layers):
+        for module in config.target_modules:
+            for side in "AB":
+                if (layer, module, side) not in index:
+                    raise InvalidAdapterError(
+                        f"missing lora_{side} for layer {layer} {module}: every target module "
+                        "needs both lora_A and lora_B in every layer"
+                    )
+    return index
+
+
+def _content_hash(config: LoRAAdapterConfig, weights_bytes: bytes) -> str:
+    h = hashlib.sha256(_HASH_DOMAIN)
+    h.update(len(config.canonical_json).to_bytes(8, "little"))
+    h.update(config.canonical_json)
+    h.update(weights_bytes)
+    return h.hexdigest()
+
+
+def load_lora_adapter(path: str | Path, arch: ArchLike, max_lora_rank: int) -> LoRAAdapter:
+    """Read, validate and load a PEFT LoRA directory for the base model `arch`.
+
+    Raises `InvalidAdapterError` (a `ValueError`) naming the problem for anything a client can
+    get wrong: missing or pickle files, a bad config, a malformed safetensors file, unexpected
+    tensor names, shapes that do not fit `arch`, a rank above `max_lora_rank`, NaN/Inf values.
+    """
+    config_bytes, weights_bytes = _read_files(Path(path))
+    config = parse_adapter_config(config_bytes, max_lora_rank)
+    index = _index_tensors(parse_safetensors_header(weights_bytes), config, arch)
+    try:
+        raw = load_safetensors(weights_bytes)
+    except Exception as e:  # the header passed our checks; anything left is still client data
+        raise InvalidAdapterError(f"{WEIGHTS_FILE} could not be loaded: {str(e)[:200]}") from e
+
+    weights: dict[LayerModule, tuple[torch.Tensor, torch.Tensor]] = {}
+    for layer in range(arch.num_hidden_layers):
+        for module in config.target_modules:
+            a, b = (raw[index[(layer, module, side)]].float().contiguous() for side in "AB")
+            for side, t in (("A", a), ("B", b)):
+                if not torch.isfinite(t).all():
+                    raise InvalidAdapterError(
+                        f"lora_{side} for layer {layer} {module} contains NaN or Inf values"
+                    )
+            weights[(layer, module)] = (a, b)  # A [r, in_dim], B [out_dim, r]
+
+    assert set(config.target_modules) <= set(SUPPORTED_TARGET_MODULES)
+    return LoRAAdapter(
+        rank=config.rank,
+        lora_alpha=config.lora_alpha,
+        scaling=config.scaling,
+        target_modules=config.target_modules,
+        weights=weights,
+        content_hash=_content_hash(config, weights_bytes),
+        size_bytes=len(config_bytes) + len(weights_bytes),
+        base_model_name_or_path=config.base_model_name_or_path,
+    )
