@@ -101,6 +101,7 @@ class LLMEngine:
                 eos_token_ids=frozenset(self.tokenizer.eos_token_ids),
                 lora_request=lora_request, priority=priority, fairness_key=fairness_key,
                 cache_salt=cache_salt, arrival_time=arrival_time,
+                fork_parent_id=None if i == 0 else f"{request_id}#0",
             )
             for i in range(params.n)
         ]

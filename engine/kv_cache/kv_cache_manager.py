@@ -24,6 +24,8 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self._req_to_hashes: dict[str, list[bytes]] = {}
+        # Copy-on-write copies (src block, dst block) for the runner, collected per step.
+        self.pending_copies: list[tuple[int, int]] = []
         # Prefix-cache statistics, in tokens.
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
@@ -75,16 +77,47 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
         num_needed = cdiv(num_computed + num_new_tokens, self.block_size)
         num_to_allocate = num_needed - len(held) - len(computed_blocks)
+        # Held blocks this step writes into that others share must be copied first.
+        first_written = num_computed // self.block_size
+        shared = [i for i in range(first_written, len(held)) if held[i].ref_cnt > 1]
         num_evictable_hits = sum(1 for block in computed_blocks if block.ref_cnt == 0)
-        if num_to_allocate > self.block_pool.num_free_blocks - num_evictable_hits:
+        if num_to_allocate + len(shared) > self.block_pool.num_free_blocks - num_evictable_hits:
             return False
         self.block_pool.touch(computed_blocks)
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        for i in shared:
+            self._copy_on_write(blocks, i)
         blocks.extend(computed_blocks)
         if num_to_allocate > 0:
             blocks.extend(self.block_pool.get_new_blocks(num_to_allocate))
         self._cache_full_blocks(request, num_computed + num_new_tokens)
         return True
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Let `child` (same prompt) share the parent's prompt blocks (n > 1 sampling).
+
+        The child recomputes only the last prompt token (for its own logits); the block that
+        token lands in is shared, so writing it copies it first (copy on write).
+        """
+        assert child.request_id not in self.req_to_blocks
+        assert parent.num_computed_tokens >= parent.num_prompt_tokens
+        num_shared_tokens = child.num_prompt_tokens - 1
+        parent_blocks = self.req_to_blocks[parent.request_id]
+        shared = parent_blocks[: cdiv(num_shared_tokens, self.block_size)]
+        self.block_pool.touch(shared)
+        self.req_to_blocks[child.request_id] = list(shared)
+        child.num_computed_tokens = num_shared_tokens
+
+    def _copy_on_write(self, blocks: list[KVCacheBlock], index: int) -> None:
+        old = blocks[index]
+        [new] = self.block_pool.get_new_blocks(1)
+        self.pending_copies.append((old.block_id, new.block_id))
+        self.block_pool.free_blocks([old])
+        blocks[index] = new
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def free(self, request: Request) -> None:
         """Return all of a request's blocks (tail first, so its prefix stays cached longest)."""

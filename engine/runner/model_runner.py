@@ -137,11 +137,15 @@ class ModelRunner:
             return 0
         return min(bytes_total // self.kv_bytes_per_block, max_useful_blocks)
 
-    def _swap(self, mapping: list[tuple[int, int]], to_cpu: bool) -> None:
+    def _copy_blocks(self, mapping: list[tuple[int, int]], kind: str) -> None:
+        """Copy KV blocks: kind 'out' gpu→cpu, 'in' cpu→gpu, 'cow' gpu→gpu."""
         if not mapping:
             return
-        src_caches, dst_caches = ((self.kv_caches, self.cpu_kv_caches) if to_cpu
-                                  else (self.cpu_kv_caches, self.kv_caches))
+        src_caches, dst_caches = {
+            "out": (self.kv_caches, self.cpu_kv_caches),
+            "in": (self.cpu_kv_caches, self.kv_caches),
+            "cow": (self.kv_caches, self.kv_caches),
+        }[kind]
         src_ids = torch.tensor([m[0] for m in mapping], device=src_caches[0][0].device)
         dst_ids = torch.tensor([m[1] for m in mapping], device=dst_caches[0][0].device)
         for src_layer, dst_layer in zip(src_caches, dst_caches, strict=True):
@@ -155,8 +159,9 @@ class ModelRunner:
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
         # Swap-outs first: their GPU blocks may be handed to others in this very step.
-        self._swap(scheduler_output.blocks_to_swap_out, to_cpu=True)
-        self._swap(scheduler_output.blocks_to_swap_in, to_cpu=False)
+        self._copy_blocks(scheduler_output.blocks_to_swap_out, "out")
+        self._copy_blocks(scheduler_output.blocks_to_swap_in, "in")
+        self._copy_blocks(scheduler_output.blocks_to_copy, "cow")
         if not scheduler_output.scheduled:
             return ModelRunnerOutput()
         inputs = prepare_inputs(scheduler_output.scheduled, self.block_size, self.device)

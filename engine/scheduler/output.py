@@ -33,6 +33,8 @@ class SchedulerOutput:
     # (gpu block, cpu block) pairs out, then (cpu block, gpu block) pairs in.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Copy-on-write (src gpu block, dst gpu block) pairs, made after the swaps.
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -40,7 +42,8 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not self.blocks_to_swap_out and not self.blocks_to_swap_in
+        return not (self.scheduled or self.blocks_to_swap_out or self.blocks_to_swap_in
+                    or self.blocks_to_copy)
 
 
 @dataclass

@@ -134,6 +134,8 @@ class Scheduler:
         for request in self.waiting:
             if step.preempted and not self._outranks(request, step.preempted):
                 break  # blocks are short: only a more urgent request may take them
+            if not self._fork_parent_ready(request):
+                continue  # waits for its sibling's prefill, without holding up others
             if not self._lora_fits(request, running_loras):
                 # Skip ahead while the step's adapters are all taken, but only for a bounded
                 # number of steps: then admission stops until its adapter fits, so running
@@ -152,6 +154,7 @@ class Scheduler:
             finished_request_ids=self._finished_request_ids,
             blocks_to_swap_out=step.swap_out,
             blocks_to_swap_in=step.swap_in,
+            blocks_to_copy=self.kv_cache_manager.take_pending_copies(),
         )
         self._finished_request_ids = set()
         return output
@@ -195,7 +198,14 @@ class Scheduler:
         if len(self.running) >= self.config.max_num_seqs or step.budget <= 0:
             return False
         kv = self.kv_cache_manager
-        if request.status == RequestStatus.SWAPPED:
+        if request.fork_parent_id is not None:
+            kv.fork(self.requests[request.fork_parent_id], request)
+            num_new = 1
+            if not kv.allocate_slots(request, num_new):
+                kv.free(request)
+                request.num_computed_tokens = 0
+                return False
+        elif request.status == RequestStatus.SWAPPED:
             num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
             blocks_needed = cdiv(request.num_computed_tokens + num_new, kv.block_size)
             if blocks_needed > kv.num_free_blocks:
@@ -218,6 +228,16 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self._add_to_step(request, num_new, step)
         return True
+
+    def _fork_parent_ready(self, request: Request) -> bool:
+        """n > 1: a sibling shares the first one's prompt blocks once they are computed."""
+        if request.fork_parent_id is None:
+            return True
+        parent = self.requests.get(request.fork_parent_id)
+        if parent is None or parent.status != RequestStatus.RUNNING or request.num_preemptions:
+            request.fork_parent_id = None  # the parent is gone or evicted: prefill alone
+            return True
+        return parent.num_computed_tokens >= parent.num_prompt_tokens
 
     def _add_to_step(self, request: Request, num_new: int, step: _Step) -> None:
         block_ids = self.kv_cache_manager.get_block_ids(request.request_id)

@@ -1,0 +1,48 @@
+"""Self-attention over the paged KV cache, for one decoder layer."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from loraplex.engine.model.forward_context import ForwardContext
+from loraplex.engine.model.hf_config import ModelArchConfig
+from loraplex.engine.model.linear import MergedLinear
+from loraplex.engine.model.rotary import apply_rotary
+from loraplex.kernels import paged_attention, reshape_and_cache
+
+
+class Attention(nn.Module):
+    """qkv projection, rotary, cache write, paged attention, output projection."""
+
+    def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = arch.num_attention_heads
+        self.num_kv_heads = arch.num_key_value_heads
+        self.head_dim = arch.head_dim
+        self.q_size, self.kv_size = arch.q_size, arch.kv_size
+        self.scale = arch.head_dim**-0.5
+        self.sliding_window = arch.sliding_windows[layer_idx]
+        self.qkv_proj = MergedLinear(
+            layer_idx, arch.hidden_size, ("q_proj", "k_proj", "v_proj"),
+            (self.q_size, self.kv_size, self.kv_size), arch.qkv_bias, dtype, device)
+        self.o_proj = MergedLinear(layer_idx, self.q_size, ("o_proj",), (arch.hidden_size,),
+                                   arch.o_proj_bias, dtype, device)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:
+        """hidden [T, hidden_size]; cos, sin [T, head_dim] -> [T, hidden_size]"""
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden, ctx)  # [T, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous()
+        key_cache, value_cache = ctx.kv_caches[self.layer_idx]
+        attn = ctx.attn
+        reshape_and_cache(k, v, key_cache, value_cache, attn.slot_mapping)
+        out = paged_attention(q, key_cache, value_cache, attn.block_tables, attn.seq_lens,
+                              attn.query_start_loc, self.scale, self.sliding_window)
+        return self.o_proj(out.view(num_tokens, self.q_size), ctx)  # [T, hidden_size]

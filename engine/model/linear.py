@@ -1,0 +1,60 @@
+"""A projection whose output is several logical Hugging Face projections stacked row-wise.
+
+`qkv_proj` holds q_proj, k_proj and v_proj; `gate_up_proj` holds gate_proj and up_proj. One
+GEMM serves them all; the LoRA applier gets the slice names and sizes to add each adapter's
+per-projection delta into the right columns of the output.
+
+    weight rows:  [ q_proj (q_size) | k_proj (kv_size) | v_proj (kv_size) ]
+    y columns:    [ q               | k                | v                ]
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loraplex.engine.model.forward_context import ForwardContext
+
+
+class MergedLinear(nn.Module):
+    """y = x @ W.T (+ b), then the step's LoRA deltas, if any, added in place."""
+
+    def __init__(self, layer_idx: int, input_size: int, slice_names: tuple[str, ...],
+                 slice_sizes: tuple[int, ...], bias: bool, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__()
+        assert len(slice_names) == len(slice_sizes) > 0
+        self.layer_idx = layer_idx
+        self.input_size = input_size
+        self.slice_names = slice_names
+        self.slice_sizes = slice_sizes
+        self.output_size = sum(slice_sizes)
+        self.weight = nn.Parameter(
+            torch.empty(self.output_size, input_size, dtype=dtype, device=device),
+            requires_grad=False)  # [output_size, input_size]
+        self.bias: nn.Parameter | None = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.output_size, dtype=dtype, device=device),
+                                     requires_grad=False)
+
+    def slice_range(self, name: str) -> tuple[int, int]:
+        """(first row, number of rows) of the named projection in the fused weight."""
+        start = 0
+        for slice_name, size in zip(self.slice_names, self.slice_sizes, strict=True):
+            if slice_name == name:
+                return start, size
+            start += size
+        raise KeyError(f"{name!r} is not a slice of {self.slice_names}")
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x [T, input_size] -> [T, output_size]"""
+        y = F.linear(x, self.weight, self.bias)
+        if ctx.lora is not None:
+            ctx.lora.apply(self.layer_idx, self.slice_names, self.slice_sizes, x, y)
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"layer={self.layer_idx}, in={self.input_size}, "
+                f"slices={dict(zip(self.slice_names, self.slice_sizes, strict=True))}, "
+                f"bias={self.bias is not None}")

@@ -1,0 +1,110 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2) over a paged KV cache.
+
+Module names mirror Hugging Face's, except that q/k/v and gate/up are fused (`qkv_proj`,
+`gate_up_proj`); `weight_loader` maps checkpoint names onto the fused rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loraplex.engine.model.attention import Attention
+from loraplex.engine.model.forward_context import ForwardContext
+from loraplex.engine.model.hf_config import ModelArchConfig
+from loraplex.engine.model.layers import RMSNorm, SiluAndMul
+from loraplex.engine.model.linear import MergedLinear
+from loraplex.engine.model.rotary import RotaryEmbedding
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__()
+        inter = arch.intermediate_size
+        self.gate_up_proj = MergedLinear(layer_idx, arch.hidden_size, ("gate_proj", "up_proj"),
+                                         (inter, inter), arch.mlp_bias, dtype, device)
+        self.down_proj = MergedLinear(layer_idx, inter, ("down_proj",), (arch.hidden_size,),
+                                      arch.mlp_bias, dtype, device)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x [T, hidden_size] -> [T, hidden_size]"""
+        return self.down_proj(self.act_fn(self.gate_up_proj(x, ctx)), ctx)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__()
+        eps = arch.rms_norm_eps
+        self.input_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
+        self.self_attn = Attention(arch, layer_idx, dtype, device)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
+        self.mlp = MLP(arch, layer_idx, dtype, device)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:
+        """hidden [T, hidden_size] -> [T, hidden_size]"""
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, ctx)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden), ctx)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        weight = torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, _weight=weight,
+                                         _freeze=True)  # [vocab_size, hidden_size]
+        self.layers = nn.ModuleList(
+            DecoderLayer(arch, i, dtype, device) for i in range(arch.num_hidden_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
+        self.rotary_emb = RotaryEmbedding(arch.rope, arch.head_dim, device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:
+        """input_ids, positions [T] int64 -> final hidden states [T, hidden_size]"""
+        hidden = self.embed_tokens(input_ids)  # [T, hidden_size]
+        cos, sin = self.rotary_emb(positions, hidden.dtype)  # [T, head_dim] each
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, ctx)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder plus the LM head; serves Llama, Mistral and Qwen2 checkpoints.
+
+    Parameters are created uninitialized on `device` in `dtype`; fill them with
+    `weight_loader.load_weights` (or use `weight_loader.load_model`).
+    """
+
+    def __init__(self, arch: ModelArchConfig, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        super().__init__()
+        device = torch.device(device)
+        self.arch = arch
+        self.dtype = dtype
+        self.model = LlamaModel(arch, dtype, device)
+        self.lm_head: nn.Parameter | None = None
+        if not arch.tie_word_embeddings:
+            self.lm_head = nn.Parameter(
+                torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device),
+                requires_grad=False)  # [vocab_size, hidden_size]
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """[vocab_size, hidden_size]; the embedding matrix when the checkpoint ties them."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:
+        """input_ids, positions [T] int64 -> hidden states [T, hidden_size].
+
+        Writes this step's K/V into `ctx.kv_caches` at `ctx.attn.slot_mapping`.
+        """
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [S, hidden_size] (the rows to sample from) -> logits [S, vocab_size] float32"""
+        return F.linear(hidden, self.lm_head_weight).float()
