@@ -10,10 +10,16 @@ import torch
 def hf_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: int,
               adapters: list[str | None] | None = None,
               adapter_dirs: dict[str, Path] | None = None) -> list[list[int]]:
-    """Greedy token ids per prompt, one prompt at a time (no padding effects)."""
+    """Greedy token ids per prompt, one prompt at a time (no padding effects), on the CPU."""
+    return hf_greedy_on("cpu", model_dir, prompts, max_tokens, adapters, adapter_dirs)
+
+
+def hf_greedy_on(device: str, model_dir: Path, prompts: list[list[int]], max_tokens: int,
+                 adapters: list[str | None] | None = None,
+                 adapter_dirs: dict[str, Path] | None = None) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     if adapter_dirs:
         from peft import PeftModel
 
@@ -24,7 +30,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: int,
     model.eval()
     outputs = []
     for i, prompt in enumerate(prompts):
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=device)
         kwargs: dict = {}
         if adapters is not None:
             kwargs["adapter_names"] = [adapters[i] or "__base__"]

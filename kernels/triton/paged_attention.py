@@ -1,0 +1,271 @@
+"""Paged attention over a block-table KV cache, prefill chunks and decode in one launch (Triton).
+
+Method: PagedAttention (Kwon et al., SOSP 2023) for the cache layout, FlashAttention-2 (Dao,
+2023) online softmax over KV tiles, and the "unified" packing of vLLM's Triton attention backend:
+one program per (query tile of one sequence, kv head), whose rows are BLOCK_Q query tokens times
+the num_queries_per_kv query heads sharing that kv head, so each K/V tile is loaded once per
+GQA group:
+
+    row r of the tile  ->  query token  q_block * BLOCK_Q + r // num_queries_per_kv
+                           query head   kv_head * num_queries_per_kv + r % num_queries_per_kv
+
+Query tiles are numbered across sequences without a host-side table: sequence s owns tiles
+`query_start_loc[s] // BLOCK_Q + s` onwards (at least cdiv(q_len, BLOCK_Q) of them), so
+
+    grid = (num_tokens // BLOCK_Q + num_seqs, num_kv_heads)
+
+depends on shapes only (CUDA-graph friendly); a program finds its sequence by binary search over
+query_start_loc and returns at once if its tile lies past the sequence's query tokens.
+
+Query token i of a sequence sits at position p = seq_len - q_len + i and attends to cached
+positions j with j <= p (and j > p - sliding_window). Positions map to cache slots through the
+block table, per key, so the KV tile size TILE_N is independent of the cache's block_size:
+
+    j  ->  key_cache[block_table[j // block_size], j % block_size, kv_head, :]
+
+Scores, the running max/sum and the output accumulate in float32; P is cast to V's dtype for the
+second dot, as in FlashAttention.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+# Tile sizes (rows = query tokens x query heads of one kv head). Decode steps have one query
+# token per sequence, so a short row tile wastes less; prefill uses taller tiles.
+BLOCK_M_DECODE = 16
+BLOCK_M_PREFILL = 64
+TILE_N_DECODE = 32
+TILE_N_PREFILL = 64
+NUM_WARPS = 4
+NUM_STAGES = 2
+MIN_DOT_DIM = 16  # tl.dot needs every tile dimension >= 16
+
+
+@triton.jit
+def _find_seq_idx(  # type: ignore[no-untyped-def]
+    query_start_loc_ptr,
+    q_block,
+    num_seqs,
+    BLOCK_Q: tl.constexpr,
+):
+    """Largest s with query_start_loc[s] // BLOCK_Q + s <= q_block (binary search)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_kernel(  # type: ignore[no-untyped-def]
+    out_ptr,
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    qk_scale,  # softmax scale * log2(e): the kernel works in base 2
+    sliding_window,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    USE_SLIDING_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_local = q_block - (q_start // BLOCK_Q + seq)
+    if q_block_local * BLOCK_Q >= q_len:
+        return
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_n = tl.arange(0, TILE_N)
+    q_idx = q_block_local * BLOCK_Q + offs_m // NUM_QUERIES_PER_KV  # [BLOCK_M] within sequence
+    head = kv_head * NUM_QUERIES_PER_KV + offs_m % NUM_QUERIES_PER_KV  # [BLOCK_M]
+    mask_m = (offs_m < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_idx < q_len)
+    mask_d = offs_d < HEAD_DIM
+    token = (q_start + q_idx).to(tl.int64)
+
+    q_ptrs = query_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_M, D_PAD]
+
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len
+    q_pos = context_len + q_idx  # [BLOCK_M] absolute positions
+    # Keys this tile can see: [kv_start, kv_end), kv_end = last query's position + 1.
+    kv_end = tl.minimum(seq_len, context_len + (q_block_local + 1) * BLOCK_Q)
+    kv_start = 0
+    if USE_SLIDING_WINDOW:
+        first_pos = context_len + q_block_local * BLOCK_Q
+        kv_start = tl.maximum(first_pos - sliding_window + 1, 0) // TILE_N * TILE_N
+
+    block_table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    for tile_start in range(kv_start, kv_end, TILE_N):
+        kv_pos = tile_start + offs_n  # [TILE_N]
+        mask_n = kv_pos < kv_end
+        block_id = tl.load(block_table_ptr + kv_pos // BLOCK_SIZE, mask=mask_n, other=0)
+        slot_base = block_id.to(tl.int64) * stride_kb + (kv_pos % BLOCK_SIZE) * stride_ks
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(
+            key_cache_ptr + slot_base[:, None] + kv_head * stride_kh + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )  # [TILE_N, D_PAD]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
+        allowed = mask_n[None, :] & (kv_pos[None, :] <= q_pos[:, None])
+        if USE_SLIDING_WINDOW:
+            allowed = allowed & (kv_pos[None, :] > q_pos[:, None] - sliding_window)
+        s = tl.where(allowed, s, float("-inf"))
+
+        # Online softmax; a row with no allowed key so far keeps m = -inf, so subtract 0
+        # instead to keep exp2 away from (-inf) - (-inf).
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_base = block_id.to(tl.int64) * stride_vb + (kv_pos % BLOCK_SIZE) * stride_vs
+        v = tl.load(
+            value_cache_ptr + v_base[:, None] + kv_head * stride_vh + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )  # [TILE_N, D_PAD]
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)  # only padding rows; they are not stored
+    out = acc / l_i[:, None]
+    o_ptrs = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"paged_attention: {msg}")
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_num_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length including this step's tokens
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Causal attention of each sequence's query tokens over its cached K/V.
+
+    Rows of tokens past query_start_loc[-1] (padding) are left uninitialised, as in the reference.
+    """
+    _check(query.dim() == 3 and key_cache.dim() == 4, "query must be 3-D and key_cache 4-D")
+    _check(key_cache.shape == value_cache.shape, "key_cache and value_cache shapes differ")
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    _check(cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} != query's {head_dim}")
+    _check(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads")
+    _check(query.dtype in (torch.float16, torch.bfloat16, torch.float32), f"dtype {query.dtype}")
+    _check(query.dtype == key_cache.dtype == value_cache.dtype, "query and caches dtypes differ")
+    _check(block_tables.dim() == 2, "block_tables must be [num_seqs, max_num_blocks]")
+    num_seqs = block_tables.shape[0]
+    _check(seq_lens.shape == (num_seqs,), "seq_lens must be [num_seqs]")
+    _check(query_start_loc.shape == (num_seqs + 1,), "query_start_loc must be [num_seqs + 1]")
+    for name, t in (
+        ("block_tables", block_tables),
+        ("seq_lens", seq_lens),
+        ("query_start_loc", query_start_loc),
+    ):
+        _check(t.dtype == torch.int32, f"{name} must be int32")
+    _check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
+    _check(
+        seq_lens.is_contiguous() and query_start_loc.is_contiguous(),
+        "seq_lens and query_start_loc must be contiguous",
+    )
+    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+        _check(t.stride(-1) == 1, f"{name} needs a contiguous last dim")
+    _check(sliding_window is None or sliding_window > 0, "sliding_window must be > 0 or None")
+    devices = {
+        t.device for t in (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+    }
+    _check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+
+    out = torch.empty_like(query)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    num_queries_per_kv = num_heads // num_kv_heads
+    is_decode = num_tokens <= num_seqs  # every sequence has one query token (or none)
+    block_m = max(
+        BLOCK_M_DECODE if is_decode else BLOCK_M_PREFILL,
+        triton.next_power_of_2(num_queries_per_kv),
+    )
+    block_q = block_m // num_queries_per_kv
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    _paged_attention_kernel[grid](
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale * LOG2E,
+        sliding_window or 0,
+        num_seqs,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        block_tables.stride(0),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=max(MIN_DOT_DIM, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size,
+        NUM_QUERIES_PER_KV=num_queries_per_kv,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE_N=TILE_N_DECODE if is_decode else TILE_N_PREFILL,
+        USE_SLIDING_WINDOW=sliding_window is not None,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )
+    return out

@@ -1,0 +1,279 @@
+"""Paged attention: reference vs dense causal SDPA, Triton vs reference; reshape_and_cache.
+
+Cache blocks that no sequence owns, and the slots past each sequence's length, hold NaN: a
+kernel that reads outside a sequence's blocks or past its length fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import pytest
+import torch
+import torch.nn.functional as F
+from loraplex.kernels import reference
+
+BF16 = pytest.param(
+    torch.bfloat16,
+    id="bf16",
+    marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="Triton's CPU interpreter has no bfloat16 tl.dot"
+    ),
+)
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"), BF16]
+ATOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+@dataclass
+class PagedBatch:
+    query: torch.Tensor  # [num_tokens, num_heads, head_dim]
+    key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor  # [num_seqs, max_num_blocks] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+
+    @property
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return (
+            self.query,
+            self.key_cache,
+            self.value_cache,
+            self.block_tables,
+            self.seq_lens,
+            self.query_start_loc,
+        )
+
+
+def make_batch(
+    seq_lens: list[int],
+    q_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> PagedBatch:
+    """Shuffled (non-contiguous) block ids; unused blocks and slots past seq_len are NaN."""
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 3  # 3 blocks nobody owns
+    max_num_blocks = max(blocks_per_seq) + 1  # a spare column pointing at an unowned block
+    perm = torch.randperm(num_blocks)
+    nan = float("nan")
+    block_tables = torch.full((len(seq_lens), max_num_blocks), int(perm[-1]), dtype=torch.int32)
+    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), nan)
+    value_cache = key_cache.clone()
+    used = 0
+    for seq, (seq_len, n) in enumerate(zip(seq_lens, blocks_per_seq, strict=True)):
+        ids = perm[used : used + n]
+        used += n
+        block_tables[seq, :n] = ids.to(torch.int32)
+        shape = (seq_len, num_kv_heads, head_dim)
+        flat_k = key_cache[ids].reshape(-1, num_kv_heads, head_dim)
+        flat_v = value_cache[ids].reshape(-1, num_kv_heads, head_dim)
+        flat_k[:seq_len] = torch.randn(shape)
+        flat_v[:seq_len] = torch.randn(shape)
+        key_cache[ids] = flat_k.view(n, block_size, num_kv_heads, head_dim)
+        value_cache[ids] = flat_v.view(n, block_size, num_kv_heads, head_dim)
+    query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    query = torch.randn(int(query_start_loc[-1]), num_heads, head_dim)
+    return PagedBatch(
+        query=query.to(device, dtype),
+        key_cache=key_cache.to(device, dtype),
+        value_cache=value_cache.to(device, dtype),
+        block_tables=block_tables.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=query_start_loc.to(device),
+    )
+
+
+def dense_attention(batch: PagedBatch, scale: float, sliding_window: int | None) -> torch.Tensor:
+    """Unpack each sequence's K/V and run causal SDPA in float64: the oracle of the reference."""
+    num_heads = batch.query.shape[1]
+    _, block_size, num_kv_heads, head_dim = batch.key_cache.shape
+    out = torch.zeros(batch.query.shape, dtype=torch.float64)
+    starts = batch.query_start_loc.tolist()
+    for seq, seq_len in enumerate(batch.seq_lens.tolist()):
+        q_start, q_end = starts[seq], starts[seq + 1]
+        if q_end == q_start:
+            continue
+        k = torch.stack(
+            [
+                batch.key_cache[batch.block_tables[seq, p // block_size], p % block_size]
+                for p in range(seq_len)
+            ]
+        ).double()  # [seq_len, Hkv, D]
+        v = torch.stack(
+            [
+                batch.value_cache[batch.block_tables[seq, p // block_size], p % block_size]
+                for p in range(seq_len)
+            ]
+        ).double()
+        q = batch.query[q_start:q_end].double()  # [q_len, H, D]
+        q_pos = torch.arange(seq_len - (q_end - q_start), seq_len)[:, None]
+        k_pos = torch.arange(seq_len)[None, :]
+        allowed = k_pos <= q_pos
+        if sliding_window is not None:
+            allowed &= k_pos > q_pos - sliding_window
+        group = num_heads // num_kv_heads
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            k.repeat_interleave(group, dim=1).transpose(0, 1),
+            v.repeat_interleave(group, dim=1).transpose(0, 1),
+            attn_mask=allowed,
+            scale=scale,
+        )
+        out[q_start:q_end] = o.transpose(0, 1)
+    return out
+
+
+# (seq_lens, q_lens): a fresh prompt, decode, a full prompt, a chunked-prefill continuation, a
+# second decode, and a long single-block-crossing prompt chunk.
+MIXED = ([5, 40, 17, 70, 33, 50], [5, 1, 17, 30, 1, 49])
+DECODE = ([1, 16, 17, 64, 90, 33], [1] * 6)
+# (num_heads, num_kv_heads): GQA 2:1, plain MHA, GQA with a non-power-of-two group.
+HEADS = [pytest.param(4, 2, id="gqa2"), pytest.param(2, 2, id="mha"), pytest.param(6, 2, id="gqa3")]
+
+
+@pytest.fixture
+def triton_kernels() -> ModuleType:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from loraplex.kernels import triton as triton_kernels
+
+    return triton_kernels
+
+
+@pytest.mark.parametrize("sliding_window", [None, 8])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_reference_matches_dense_causal_sdpa(
+    num_heads: int, num_kv_heads: int, block_size: int, sliding_window: int | None
+) -> None:
+    cpu = torch.device("cpu")
+    batch = make_batch(*MIXED, num_heads, num_kv_heads, 32, block_size, torch.float32, cpu)
+    actual = reference.paged_attention(*batch.args, 0.2, sliding_window)
+    expected = dense_attention(batch, 0.2, sliding_window)
+    torch.testing.assert_close(actual.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("head_dim", [16, 32])
+@pytest.mark.parametrize("batch_kind", ["mixed", "decode"])
+def test_triton_matches_reference(
+    triton_kernels: ModuleType,
+    device: torch.device,
+    batch_kind: str,
+    head_dim: int,
+    block_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    dtype: torch.dtype,
+) -> None:
+    seq_lens, q_lens = MIXED if batch_kind == "mixed" else DECODE
+    batch = make_batch(
+        seq_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device
+    )
+    scale = head_dim**-0.5
+    expected = reference.paged_attention(*batch.args, scale)
+    actual = triton_kernels.paged_attention(*batch.args, scale)
+    assert actual.shape == expected.shape and actual.dtype == dtype
+    torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sliding_window", [1, 8, 20, 1000])
+@pytest.mark.parametrize("batch_kind", ["mixed", "decode"])
+def test_triton_sliding_window_matches_reference(
+    triton_kernels: ModuleType,
+    device: torch.device,
+    batch_kind: str,
+    sliding_window: int,
+    dtype: torch.dtype,
+) -> None:
+    seq_lens, q_lens = MIXED if batch_kind == "mixed" else DECODE
+    batch = make_batch(seq_lens, q_lens, 4, 2, 32, 16, dtype, device)
+    expected = reference.paged_attention(*batch.args, 0.2, sliding_window)
+    actual = triton_kernels.paged_attention(*batch.args, 0.2, sliding_window)
+    torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
+
+
+def test_triton_odd_head_dim_and_empty_sequence(
+    triton_kernels: ModuleType, device: torch.device
+) -> None:
+    """head_dim 24 is padded to 32 inside the kernel; a sequence with no query tokens is legal."""
+    batch = make_batch([9, 20, 31], [9, 0, 3], 4, 1, 24, 16, torch.float32, device)
+    expected = reference.paged_attention(*batch.args, 0.3)
+    actual = triton_kernels.paged_attention(*batch.args, 0.3)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-3)
+
+
+def test_triton_paged_attention_rejects_bad_inputs(
+    triton_kernels: ModuleType, device: torch.device
+) -> None:
+    batch = make_batch([5], [5], 4, 2, 16, 16, torch.float32, device)
+    with pytest.raises(ValueError, match="dtype"):
+        triton_kernels.paged_attention(batch.query.half(), *batch.args[1:], 0.2)
+    with pytest.raises(ValueError, match="int32"):
+        args = list(batch.args)
+        args[4] = batch.seq_lens.long()
+        triton_kernels.paged_attention(*args, 0.2)
+    with pytest.raises(ValueError, match="multiple"):
+        triton_kernels.paged_attention(batch.query[:, :3], *batch.args[1:], 0.2)
+
+
+# --- reshape_and_cache --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("num_kv_heads", "head_dim"), [(2, 16), (3, 24)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_triton_reshape_and_cache_matches_reference(
+    triton_kernels: ModuleType,
+    device: torch.device,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+) -> None:
+    num_tokens, num_blocks = 37, 6
+    # key/value as strided views of a fused qkv output, as the model produces them.
+    qkv = torch.randn(num_tokens, 4 * num_kv_heads, head_dim, device=device).to(dtype)
+    key, value = qkv[:, 2 * num_kv_heads : 3 * num_kv_heads], qkv[:, 3 * num_kv_heads :]
+    slot_mapping = torch.randperm(num_blocks * block_size)[:num_tokens]
+    slot_mapping[::5] = -1  # padding tokens: skipped
+    slot_mapping = slot_mapping.to(device)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    initial_k = torch.randn(shape, device=device).to(dtype)
+    initial_v = torch.randn(shape, device=device).to(dtype)
+    expected_k, expected_v = initial_k.clone(), initial_v.clone()
+    key_cache, value_cache = initial_k.clone(), initial_v.clone()
+    reference.reshape_and_cache(key, value, expected_k, expected_v, slot_mapping)
+    triton_kernels.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    assert torch.equal(key_cache, expected_k)
+    assert torch.equal(value_cache, expected_v)
+    # The reference itself: written slots hold their token's K/V, all other slots are unchanged.
+    keep = slot_mapping >= 0
+    written = torch.zeros(num_blocks * block_size, dtype=torch.bool, device=device)
+    written[slot_mapping[keep]] = True
+    flat_v = expected_v.view(-1, num_kv_heads, head_dim)
+    assert torch.equal(flat_v[slot_mapping[keep]], value[keep])
+    assert torch.equal(flat_v[~written], initial_v.view(-1, num_kv_heads, head_dim)[~written])
+
+
+def test_triton_reshape_and_cache_leaves_skipped_slots_untouched(
+    triton_kernels: ModuleType, device: torch.device
+) -> None:
+    key = torch.randn(4, 2, 16, device=device)
+    cache = torch.zeros(2, 16, 2, 16, device=device)
+    value_cache = torch.zeros_like(cache)
+    slot_mapping = torch.tensor([-1, 3, -1, 17], device=device)
+    triton_kernels.reshape_and_cache(key, key, cache, value_cache, slot_mapping)
+    flat = cache.view(-1, 2, 16)
+    assert torch.equal(flat[3], key[1]) and torch.equal(flat[17], key[3])
+    assert int((flat.abs().sum(dim=(1, 2)) != 0).sum()) == 2
+    assert torch.equal(value_cache, cache)
