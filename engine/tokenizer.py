@@ -129,8 +129,7 @@ class Tokenizer:
         self._register_special_tokens([*self.special_tokens_map.values(),
                                        *filter(None, map(_token_content, extra_tokens))])
         # Like transformers 5, tokenizer.json's post-processor alone decides whether BOS/EOS are
-        # added; tokenizer_config's add_bos_token/add_eos_token are ignored when it exists.
-
+        # added: tokenizer_config's add_bos_token/add_eos_token are ignored.
         bos = self.special_tokens_map.get("bos_token")
         self.bos_token_id = backend.token_to_id(bos) if bos is not None else model_bos_token_id
         eos = self.special_tokens_map.get("eos_token")

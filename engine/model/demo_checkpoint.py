@@ -168,11 +168,17 @@ def write_smollm2_checkpoint(path: str | Path) -> Path:
     Written to a temporary sibling directory and renamed into place, so `path` is either
     absent or complete. Needs transformers and gguf (the `demo` or `dev` extra).
     """
+    gguf = find_smollm2_gguf()
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = find_smollm2_gguf()
+    try:
+        import gguf as _gguf  # noqa: F401  (transformers reads the file with it)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:
+        raise DemoModelUnavailableError(
+            f"converting the demo model needs transformers and gguf ({e}); install them with "
+            "`pip install transformers gguf`") from e
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -189,6 +195,7 @@ def write_smollm2_checkpoint(path: str | Path) -> Path:
         state = {name: t.detach().contiguous() for name, t in model.state_dict().items()
                  if not (config.tie_word_embeddings and name == "lm_head.weight")}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "model.safetensors").chmod(0o644)
         config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -20,7 +20,6 @@ from typing import Protocol
 import torch
 
 
-
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64; -1 = do not write (padding)

