@@ -29,6 +29,7 @@ class ModelConfig:
     max_model_len: int | None = None
     seed: int = 0
     load_format: str = "auto"  # auto: the checkpoint's safetensors | dummy: random weights
+    enforce_eager: bool = False  # True: no CUDA graphs
 
     def __post_init__(self) -> None:
         _require(self.load_format in ("auto", "dummy"), "load_format must be auto | dummy")

@@ -54,6 +54,8 @@ class LLMEngine:
             self.lora_manager = LoRAManager(config.lora, arch, self.runner.dtype,
                                             self.runner.device)
             self.runner.lora = self.lora_manager
+        self.runner.capture_cuda_graphs(
+            self.max_model_len, self.lora_manager.slots if self.lora_manager else None)
         self.scheduler = Scheduler(
             config.scheduler, self.kv_cache_manager, self.max_model_len,
             max_loras=config.lora.max_loras if config.lora.enable_lora else None,

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
+import torch
+
+# Triton fixes interpreter mode when it is first imported (torch._dynamo may import it during
+# engine tests), so choose it before anything else: real kernels on CUDA, else the interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
 from checkpoints import CheckpointFactory, build_smollm2_checkpoint, make_checkpoint_factory
 
 

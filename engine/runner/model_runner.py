@@ -11,10 +11,12 @@ from typing import Protocol
 import torch
 
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.lora.lora_slots import LoRASlots
 from loraplex.engine.model.dummy_weights import create_dummy_model
 from loraplex.engine.model.weight_loader import load_model
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext, LoRAApplier
 from loraplex.engine.request import Request
+from loraplex.engine.runner.cuda_graph import CUDAGraphRunner
 from loraplex.engine.runner.input_batch import ModelInputs, prepare_inputs
 from loraplex.engine.sampler import Sampler
 from loraplex.engine.sampling_metadata import SamplingMetadata, create_generator
@@ -52,6 +54,16 @@ class ModelRunner:
         self._generators: dict[str, torch.Generator] = {}
         # Set by the LoRA manager when LoRA is enabled (engine/lora).
         self.lora: LoRAApplierFactory | None = None
+        self.cuda_graphs: CUDAGraphRunner | None = None
+
+    def capture_cuda_graphs(self, max_model_len: int, lora_slots: LoRASlots | None) -> None:
+        """Capture decode graphs (CUDA only, unless enforce_eager)."""
+        if self.device.type != "cuda" or self.config.model.enforce_eager:
+            return
+        self.cuda_graphs = CUDAGraphRunner(
+            self.model, self.kv_caches, self.config.scheduler.max_num_seqs,
+            -(-max_model_len // self.block_size), lora_slots, self.device)
+        self.cuda_graphs.capture()
 
     # ---- KV cache --------------------------------------------------------------------------
 
@@ -166,8 +178,11 @@ class ModelRunner:
             return ModelRunnerOutput()
         inputs = prepare_inputs(scheduler_output.scheduled, self.block_size, self.device)
         lora = self.lora.prepare(inputs.token_lora_hashes) if self.lora is not None else None
-        ctx = ForwardContext(attn=inputs.attn, kv_caches=self.kv_caches, lora=lora)
-        hidden = self.model(inputs.input_ids, inputs.positions, ctx)  # [num_tokens, hidden]
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(inputs):
+            hidden = self.cuda_graphs.run(inputs, lora)  # [num_tokens, hidden]
+        else:
+            ctx = ForwardContext(attn=inputs.attn, kv_caches=self.kv_caches, lora=lora)
+            hidden = self.model(inputs.input_ids, inputs.positions, ctx)
         if not inputs.sample_requests:
             return ModelRunnerOutput()
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sample, vocab]

@@ -1,0 +1,107 @@
+"""CUDA graphs for decode steps: one captured forward per padded batch size.
+
+A decode step (one new token per sequence) launches the same few hundred small kernels
+every time; replaying them as one graph removes the per-launch CPU cost that otherwise
+dominates. Inputs live in static buffers; a step of `n` sequences is copied into them and
+padded to the next captured size with rows that write nowhere (slot -1) and read one token.
+
+Two graphs per size: without LoRA, and with LoRA for every module (slots that do not target
+a module have rank 0 there, and the kernels skip them).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+
+import torch
+
+from loraplex.engine.lora.lora_batch import LoRABatch
+from loraplex.engine.lora.lora_slots import LoRASlots
+from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
+from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.engine.runner.input_batch import ModelInputs
+
+logger = logging.getLogger(__name__)
+
+CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+class CUDAGraphRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 max_num_seqs: int, max_blocks_per_seq: int, lora_slots: LoRASlots | None,
+                 device: torch.device) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.lora_slots = lora_slots
+        self.sizes = [s for s in CAPTURE_SIZES if s < max_num_seqs] + [max_num_seqs]
+        n = self.sizes[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.block_tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.sorted_token_ids = torch.zeros(n, dtype=torch.int32, device=device)
+        max_loras = lora_slots.max_loras if lora_slots else 1
+        self.slot_start_loc = torch.zeros(max_loras + 1, dtype=torch.int32, device=device)
+        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.sizes[-1]
+
+    def _context(self, size: int, with_lora: bool) -> ForwardContext:
+        attn = AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:size],
+            seq_lens=self.seq_lens[:size], query_start_loc=self.query_start_loc[:size + 1],
+            max_query_len=1, max_seq_len=self.block_tables.shape[1],
+        )
+        lora = None
+        if with_lora:
+            assert self.lora_slots is not None
+            lora = LoRABatch(self.lora_slots, self.sorted_token_ids[:size], self.slot_start_loc,
+                             modules=set(self.lora_slots.module_shapes))
+        return ForwardContext(attn, self.kv_caches, lora)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every size, largest first so smaller graphs reuse its memory pool."""
+        pool = None
+        for with_lora in ([False, True] if self.lora_slots is not None else [False]):
+            for size in reversed(self.sizes):
+                ctx = self._context(size, with_lora)
+                args = (self.input_ids[:size], self.positions[:size], ctx)
+                for _ in range(2):  # warm-up: Triton compiles, allocator settles
+                    self.model(*args)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.model(*args)
+                pool = graph.pool()
+                self._graphs[(size, with_lora)] = (graph, out)
+        logger.info("captured %d CUDA graphs for decode batch sizes %s", len(self._graphs),
+                    self.sizes)
+
+    def can_run(self, inputs: ModelInputs) -> bool:
+        num_seqs = inputs.attn.seq_lens.shape[0]
+        return inputs.attn.max_query_len == 1 and num_seqs <= self.max_batch_size
+
+    def run(self, inputs: ModelInputs, lora: LoRABatch | None) -> torch.Tensor:
+        """Replay the graph for this decode step; returns hidden states [n, hidden]."""
+        n = inputs.input_ids.shape[0]
+        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        self.input_ids[:n].copy_(inputs.input_ids)
+        self.positions[:n].copy_(inputs.positions)
+        self.slot_mapping[:n].copy_(inputs.attn.slot_mapping)
+        self.slot_mapping[n:size].fill_(-1)
+        self.seq_lens[:n].copy_(inputs.attn.seq_lens)
+        self.seq_lens[n:size].fill_(1)
+        width = inputs.attn.block_tables.shape[1]
+        self.block_tables[:n, :width].copy_(inputs.attn.block_tables)
+        if lora is not None:
+            self.sorted_token_ids[:n].copy_(lora.sorted_token_ids)
+            self.slot_start_loc.copy_(lora.slot_start_loc)
+        graph, out = self._graphs[(size, lora is not None)]
+        graph.replay()
+        return out[:n]
