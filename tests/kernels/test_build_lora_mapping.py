@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from loraplex.kernels.lora_mapping import build_lora_mapping
 
 

@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 import torch
+
 from loraplex.kernels.lora_mapping import build_lora_mapping
 from loraplex.kernels.reference import lora as reference
 
@@ -125,14 +126,6 @@ def _shrunk(batch: LoRABatch, max_rank: int) -> torch.Tensor:
     return torch.randn(batch.x.shape[0], max_rank, device=batch.x.device)
 
 
-@pytest.fixture
-def triton_lora() -> ModuleType:
-    pytest.importorskip("triton", reason="Triton is not installed")
-    from loraplex.kernels import triton as triton_kernels
-
-    return triton_kernels
-
-
 # --- the reference is the spec: check it against the obvious per-token loop -------------------
 
 
@@ -184,7 +177,7 @@ def test_reference_leaves_rows_without_adapter_untouched() -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fp32_out", [True, False], ids=["out-fp32", "out-x-dtype"])
 def test_triton_shrink_matches_reference(
-    triton_lora: ModuleType,
+    triton_kernels: ModuleType,
     device: torch.device,
     ranks: list[int],
     tokens_per_slot: list[int],
@@ -198,7 +191,7 @@ def test_triton_shrink_matches_reference(
     expected = torch.full((batch.x.shape[0], max_rank), SENTINEL, dtype=out_dtype, device=device)
     actual = expected.clone()
     reference.lora_shrink(batch.x, batch.lora_a, *batch.mapping, expected)
-    triton_lora.lora_shrink(batch.x, batch.lora_a, *batch.mapping, actual)
+    triton_kernels.lora_shrink(batch.x, batch.lora_a, *batch.mapping, actual)
     torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
 
 
@@ -206,7 +199,7 @@ def test_triton_shrink_matches_reference(
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("y_offset", [0, 24])
 def test_triton_expand_matches_reference(
-    triton_lora: ModuleType,
+    triton_kernels: ModuleType,
     device: torch.device,
     ranks: list[int],
     tokens_per_slot: list[int],
@@ -222,7 +215,7 @@ def test_triton_expand_matches_reference(
     reference.lora_expand(
         lora_out, batch.lora_b, *batch.mapping, batch.scalings, expected, y_offset
     )
-    triton_lora.lora_expand(
+    triton_kernels.lora_expand(
         lora_out, batch.lora_b, *batch.mapping, batch.scalings, actual, y_offset
     )
     torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
@@ -230,7 +223,7 @@ def test_triton_expand_matches_reference(
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_shrink_then_expand_prefill_sized(
-    triton_lora: ModuleType, device: torch.device, dtype: torch.dtype
+    triton_kernels: ModuleType, device: torch.device, dtype: torch.dtype
 ) -> None:
     """Enough tokens for the prefill tile shape; the expand reads the shrink's own output."""
     batch = make_batch([16, 8, 0], [300, 200, 10], 20, 16, dtype, device)
@@ -240,7 +233,7 @@ def test_triton_shrink_then_expand_prefill_sized(
         assert num_tokens >= tiles.PREFILL_MIN_TOKENS
     shrunk = {}
     ys = {}
-    for name, impl in (("reference", reference), ("triton", triton_lora)):
+    for name, impl in (("reference", reference), ("triton", triton_kernels)):
         shrunk[name] = torch.zeros(num_tokens, 16, device=device)
         impl.lora_shrink(batch.x, batch.lora_a, *batch.mapping, shrunk[name])
         ys[name] = torch.ones(num_tokens, OUT_DIM, device=device, dtype=dtype)
@@ -249,16 +242,18 @@ def test_triton_shrink_then_expand_prefill_sized(
     torch.testing.assert_close(ys["triton"], ys["reference"], atol=ATOL[dtype], rtol=1e-2)
 
 
-def test_triton_launchers_reject_bad_inputs(triton_lora: ModuleType, device: torch.device) -> None:
+def test_triton_launchers_reject_bad_inputs(
+    triton_kernels: ModuleType, device: torch.device
+) -> None:
     batch = make_batch([8], [3], 0, 8, torch.float32, device)
     out = torch.zeros(3, 8, device=device)
     with pytest.raises(ValueError, match="dtype"):
-        triton_lora.lora_shrink(batch.x.half(), batch.lora_a, *batch.mapping, out)
+        triton_kernels.lora_shrink(batch.x.half(), batch.lora_a, *batch.mapping, out)
     with pytest.raises(ValueError, match="out must be"):
-        triton_lora.lora_shrink(batch.x, batch.lora_a, *batch.mapping, out[:, :4])
+        triton_kernels.lora_shrink(batch.x, batch.lora_a, *batch.mapping, out[:, :4])
     with pytest.raises(ValueError, match="int32"):
         ids64 = batch.sorted_token_ids.long()
-        triton_lora.lora_shrink(batch.x, batch.lora_a, ids64, *batch.mapping[1:], out)
+        triton_kernels.lora_shrink(batch.x, batch.lora_a, ids64, *batch.mapping[1:], out)
     y = torch.zeros(3, OUT_DIM, device=device)
     with pytest.raises(ValueError, match="y_offset"):
-        triton_lora.lora_expand(out, batch.lora_b, *batch.mapping, batch.scalings, y, 1)
+        triton_kernels.lora_expand(out, batch.lora_b, *batch.mapping, batch.scalings, y, 1)
