@@ -68,13 +68,40 @@ def run_engine(llm: LLM, prompts: list[list[int]], output_len: int,
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True,
                             detokenize=False)
     requests = [{"prompt_token_ids": p} for p in prompts]
-    llm.generate(requests[:2], params, lora_request=loras[:2], use_tqdm=False)  # warm-up
+    # Warm-up: the same workload once, so every kernel shape is compiled before timing.
+    llm.generate(requests, params, lora_request=loras, use_tqdm=False)
     sync(device)
     start = time.perf_counter()
     outs = llm.generate(requests, params, lora_request=loras, use_tqdm=False)
     sync(device)
     assert all(len(o.outputs[0].token_ids) == output_len for o in outs)
     return time.perf_counter() - start
+
+
+def step_breakdown(llm: LLM, prompts: list[list[int]], output_len: int,
+                   loras: list[LoRARequest | None], device: str) -> dict:
+    """Per-step wall time, split into prefill-carrying steps and pure decode steps."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True,
+                            detokenize=False)
+    for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
+        engine.add_request(f"prof{i}", {"prompt_token_ids": prompt}, params, lora_request=lora)
+    prefill_s, decode_s, decode_steps, prefill_steps = 0.0, 0.0, 0, 0
+    while engine.has_unfinished_requests():
+        is_decode = all(r.num_computed_tokens == r.num_tokens - 1
+                        for r in engine.scheduler.running) and not engine.scheduler.waiting
+        sync(device)
+        start = time.perf_counter()
+        engine.step()
+        sync(device)
+        elapsed = time.perf_counter() - start
+        if is_decode:
+            decode_s, decode_steps = decode_s + elapsed, decode_steps + 1
+        else:
+            prefill_s, prefill_steps = prefill_s + elapsed, prefill_steps + 1
+    return {"prefill_steps": prefill_steps, "prefill_s": prefill_s,
+            "decode_steps": decode_steps,
+            "decode_step_ms": 1000 * decode_s / max(decode_steps, 1)}
 
 
 def main() -> None:
@@ -146,13 +173,18 @@ def main() -> None:
         seconds = run_engine(llm, prompts, args.output_len, loras, args.device)
         tok_s = num_out / seconds
         base_tok_s = base_tok_s or tok_s
+        breakdown = step_breakdown(llm, prompts, args.output_len, loras, args.device)
         results["runs"][f"loraplex_{count}_adapters"] = {
-            "seconds": seconds, "output_tok_s": tok_s, "ratio_to_no_adapter": tok_s / base_tok_s}
+            "seconds": seconds, "output_tok_s": tok_s, "ratio_to_no_adapter": tok_s / base_tok_s,
+            **breakdown}
         line = f"Loraplex, {count:3d} adapters (rank {args.lora_rank}): {tok_s:9.1f} output tok/s"
         line += f" ({seconds:.2f} s), {tok_s / base_tok_s:.3f}x the no-adapter run"
         if "hf" in results["runs"]:
             line += f", {tok_s / results['runs']['hf']['output_tok_s']:.2f}x HF"
         print(line, flush=True)
+        print(f"    steps: {breakdown['prefill_steps']} with prefill "
+              f"({breakdown['prefill_s']:.2f} s), {breakdown['decode_steps']} decode-only "
+              f"({breakdown['decode_step_ms']:.2f} ms each)", flush=True)
     results["engine_stats"] = llm.engine.get_stats()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
