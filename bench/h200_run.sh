@@ -19,7 +19,7 @@ for step in $steps; do
     engine) timeout 240 python3 bench/gpu_engine_check.py --json "$OUT/engine_check.json" 2>&1 | grep -v Loading | tee "$OUT/engine_check.txt";;
     tput) timeout 300 python3 bench/offline_throughput.py --shape llama3-8b --device cuda \
             --num-prompts 64 --min-prompt 512 --max-prompt 512 --output-len 128 \
-            --hf-batch-size 32 --adapters "${ADAPTERS:-0,1,8}" --json "$OUT/throughput.json" 2>&1 \
+            --hf-batch-size 32 --adapters "${ADAPTERS:-0,1,8}" --json "$OUT/throughput.json" ${TPUT_ARGS:-} 2>&1 \
             | grep -v Loading | tee "$OUT/throughput.txt";;
   esac
 done

@@ -124,6 +124,7 @@ def main() -> None:
     ap.add_argument("--max-loras", type=int, default=8)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--torch-profile", help="write a torch.profiler table of one run here")
     args = ap.parse_args()
 
     dtype_name = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
@@ -174,6 +175,19 @@ def main() -> None:
         tok_s = num_out / seconds
         base_tok_s = base_tok_s or tok_s
         breakdown = step_breakdown(llm, prompts, args.output_len, loras, args.device)
+        if args.torch_profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + (
+                [ProfilerActivity.CUDA] if args.device == "cuda" else [])
+            with profile(activities=activities) as prof:
+                step_breakdown(llm, prompts[:16], 16, loras[:16], args.device)
+            sort = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
+            with open(args.torch_profile, "a") as f:
+                f.write(f"=== {count} adapters ===\n")
+                f.write(prof.key_averages().table(sort_by=sort, row_limit=25) + "\n")
+                f.write(prof.key_averages().table(sort_by="self_cpu_time_total",
+                                                  row_limit=25) + "\n")
         results["runs"][f"loraplex_{count}_adapters"] = {
             "seconds": seconds, "output_tok_s": tok_s, "ratio_to_no_adapter": tok_s / base_tok_s,
             **breakdown}
