@@ -152,3 +152,34 @@ def test_priority_policy_admits_urgent_first():
     s.add_request(make_request("urgent", 2, priority=0))
     out, _ = run_step(s)
     assert [x.request.request_id for x in out.scheduled] == ["urgent"]
+
+
+def test_adapter_cap_per_step_and_bounded_wait():
+    from loraplex.engine.request import LoRARequest
+    from loraplex.engine.scheduler.scheduler import LORA_MAX_SKIP_STEPS
+
+    kv = KVCacheManager(256, 4)
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256,
+                             scheduling_policy="fcfs")
+    s = Scheduler(config, kv, max_model_len=256, max_loras=2)
+
+    def lora(i: int) -> LoRARequest:
+        return LoRARequest(f"a{i}", i, f"/adapters/{i}", content_hash=f"h{i}")
+
+    # Adapters 1 and 2 take both slots with long requests; adapter 3 waits behind a stream of
+    # new adapter-1/2 requests that could otherwise keep jumping ahead of it forever.
+    s.add_request(make_request("a1", 2, max_tokens=100, lora_request=lora(1)))
+    s.add_request(make_request("a2", 2, max_tokens=100, lora_request=lora(2)))
+    s.add_request(make_request("starved", 2, max_tokens=4, lora_request=lora(3)))
+    started = None
+    for step in range(200):
+        s.add_request(make_request(f"more{step}", 2, max_tokens=3, lora_request=lora(1 + step % 2)))
+        out, _ = run_step(s)
+        loras = {x.request.lora_int_id for x in out.scheduled}
+        assert len(loras - {0}) <= 2, "never more distinct adapters than slots in a step"
+        if any(x.request.request_id == "starved" for x in out.scheduled):
+            started = step
+            break
+    assert started is not None
+    # Bounded: the skip budget, then the longest running request's remaining tokens.
+    assert started <= LORA_MAX_SKIP_STEPS + 100
