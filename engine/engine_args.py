@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from loraplex.engine.config import (
@@ -27,7 +28,7 @@ def create_engine_config(model: str, **kwargs: Any) -> EngineConfig:
     sections["model"]["model"] = model
     for key, value in kwargs.items():
         owner = next((name for name, cls in _SECTIONS.items()
-                      if key in cls.__dataclass_fields__), None)
+                      if key in {f.name for f in fields(cls)}), None)
         if owner is None:
             raise ConfigError(f"unknown engine argument {key!r}")
         sections[owner][key] = value

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from loraplex.engine.llm_engine import LLMEngine, PromptType
 from loraplex.engine.request import LoRARequest, RequestOutput, SamplingParams
+from loraplex.engine.tokenizer import Tokenizer
 
 
 class LLM:
@@ -17,7 +18,7 @@ class LLM:
         self._next_id = 0
 
     @property
-    def tokenizer(self):  # noqa: ANN201 - re-exported engine attribute
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     def generate(

@@ -45,7 +45,8 @@ class OutputProcessor:
         user = _UserRequest(request_id, prompt, children[0].prompt_token_ids)
         for index, child in enumerate(children):
             detokenizer = IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids)
-            logprobs = [] if child.sampling_params.logprobs is not None else None
+            logprobs: list[tuple[Logprob, list[Logprob]]] | None = (
+                [] if child.sampling_params.logprobs is not None else None)
             user.completions.append(_Completion(child, detokenizer, logprobs=logprobs))
             self._child_to_user[child.request_id] = (request_id, index)
         self._users[request_id] = user

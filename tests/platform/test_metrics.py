@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from loraplex.platform.metrics import OTHER, Metrics
 from prometheus_client.parser import text_string_to_metric_families
+
+from loraplex.platform.metrics import OTHER, Metrics
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from loraplex.platform.ratelimit import (
     FailoverRateLimiter,
     RateLimitDecision,
@@ -25,7 +27,6 @@ from loraplex.platform.ratelimit import (
     TenantLimits,
     create_rate_limiter,
 )
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 
 class RedisServer:

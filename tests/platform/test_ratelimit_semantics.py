@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
 from loraplex.platform.ratelimit import (
     LocalRateLimiter,
     RateLimitDecision,
@@ -22,7 +24,6 @@ from loraplex.platform.ratelimit import (
     rate_limit_headers,
 )
 from loraplex.platform.ratelimit.redis_limiter import create_redis_client
-from redis.exceptions import RedisError
 
 REDIS_URL = os.environ.get("LORAPLEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 RESET_RE = re.compile(r"^(\d+ms|(\d+h)?(\d+m)?\d+(\.\d+)?s)$")

@@ -1,0 +1,135 @@
+"""LoRASlots' stacked storage and LoRABatch's fused launches against per-token LoRA deltas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from loraplex.engine.lora import lora_batch
+from loraplex.engine.lora.adapter import LoRAAdapter, lora_module_shapes
+from loraplex.engine.lora.lora_batch import LoRABatch
+from loraplex.engine.lora.lora_slots import SLICE_GROUPS, LoRASlots
+from loraplex.kernels import build_lora_mapping
+
+ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Arch:
+    model_type: str = "llama"
+    hidden_size: int = 32
+    intermediate_size: int = 48
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 8
+
+
+ARCH = Arch()
+SHAPES = lora_module_shapes(ARCH)
+
+
+def make_adapter(rank: int, target_modules: tuple[str, ...], seed: int) -> LoRAAdapter:
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for layer in range(ARCH.num_hidden_layers):
+        for module in target_modules:
+            in_dim, out_dim = SHAPES[module]
+            a = torch.randn(rank, in_dim, generator=gen)
+            b = torch.randn(out_dim, rank, generator=gen)
+            weights[(layer, module)] = (a, b)
+    return LoRAAdapter(
+        rank=rank,
+        lora_alpha=2.0 * rank,
+        scaling=2.0 + seed,
+        target_modules=target_modules,
+        weights=weights,
+        content_hash=f"hash-{seed}",
+        size_bytes=0,
+        base_model_name_or_path=None,
+    )
+
+
+def test_load_fills_stacked_groups_and_clear_resets_ranks() -> None:
+    slots = LoRASlots(ARCH, max_loras=3, max_lora_rank=8, dtype=torch.float32, device="cpu")
+    adapter = make_adapter(4, ("q_proj", "v_proj", "down_proj"), seed=0)
+    slots.load(1, adapter)
+    qkv = slots.groups[("q_proj", "k_proj", "v_proj")]
+    assert qkv.slice_sizes == (32, 16, 16)
+    assert qkv.lora_a.shape == (2, 3, 3, 8, 32) and qkv.lora_b.shape == (2, 3, 64, 8)
+    a_v, b_v = adapter.weights[(1, "v_proj")]
+    assert torch.equal(qkv.lora_a[1, 1, 2, :4], a_v)
+    assert torch.equal(qkv.lora_b[1, 1, 48:64, :4], b_v)
+    assert qkv.ranks.tolist() == [[0, 4, 0], [0, 0, 0], [0, 4, 0]]
+    assert slots.groups[("down_proj",)].ranks.tolist() == [[0, 4, 0]]
+    assert float(slots.scalings[1]) == adapter.scaling
+    assert slots.modules_in_use({1}) == {"q_proj", "v_proj", "down_proj"}
+    assert slots.modules_in_use({0, 2}) == set()
+    slots.clear(1)
+    assert all(int(g.ranks.abs().sum()) == 0 for g in slots.groups.values())
+    assert slots.host_ranks["q_proj"] == [0, 0, 0]
+
+
+def expected_delta(
+    adapters: dict[int, LoRAAdapter],
+    token_slots: list[int],
+    layer: int,
+    names: tuple[str, ...],
+    x: torch.Tensor,
+) -> torch.Tensor:
+    """Per-token scaling * x @ A.T @ B.T for every slice its adapter targets, in float64."""
+    widths = [SHAPES[m][1] for m in names]
+    delta = torch.zeros(x.shape[0], sum(widths), dtype=torch.float64)
+    for t, slot in enumerate(token_slots):
+        if slot < 0:
+            continue
+        adapter, start = adapters[slot], 0
+        for module, width in zip(names, widths, strict=True):
+            if module in adapter.target_modules:
+                a, b = (w.double() for w in adapter.weights[(layer, module)])
+                delta[t, start : start + width] = adapter.scaling * (x[t].double() @ a.T @ b.T)
+            start += width
+    return delta
+
+
+# slot -> (rank, target modules); "qv+full" has k_proj targeted, "qv+mlp" leaves a hole at k.
+ADAPTER_SETS: dict[str, dict[int, tuple[int, tuple[str, ...]]]] = {
+    "qv+full": {0: (4, ("q_proj", "v_proj")), 2: (8, ALL_MODULES)},
+    "qv+mlp": {0: (4, ("q_proj", "v_proj")), 1: (8, ("up_proj", "down_proj"))},
+    "v-only": {1: (2, ("v_proj",))},
+}
+
+
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+@pytest.mark.parametrize("adapter_set", list(ADAPTER_SETS))
+def test_apply_adds_each_adapters_deltas(
+    kernels: str, adapter_set: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if kernels == "triton":  # the Triton launchers on CPU tensors (interpreter), via LoRABatch
+        pytest.importorskip("triton")
+        from loraplex.kernels import triton as triton_kernels
+
+        monkeypatch.setattr(lora_batch, "lora_shrink", triton_kernels.lora_shrink)
+        monkeypatch.setattr(lora_batch, "lora_expand", triton_kernels.lora_expand)
+    torch.manual_seed(0)
+    slots = LoRASlots(ARCH, max_loras=3, max_lora_rank=8, dtype=torch.float32, device="cpu")
+    adapters = {
+        slot: make_adapter(rank, modules, seed=slot)
+        for slot, (rank, modules) in ADAPTER_SETS[adapter_set].items()
+    }
+    for slot, adapter in adapters.items():
+        slots.load(slot, adapter)
+    token_slots = [-1, *adapters, *reversed(list(adapters)), -1, next(iter(adapters))]
+    ids, loc = build_lora_mapping(torch.tensor(token_slots), slots.max_loras)
+    batch = LoRABatch(slots, ids, loc, slots.modules_in_use(set(adapters)))
+    for layer in range(ARCH.num_hidden_layers):
+        for names in SLICE_GROUPS:
+            sizes = tuple(SHAPES[m][1] for m in names)
+            x = torch.randn(len(token_slots), SHAPES[names[0]][0])
+            y0 = torch.randn(len(token_slots), sum(sizes))
+            y = y0.clone()
+            batch.apply(layer, names, sizes, x, y)
+            delta = expected_delta(adapters, token_slots, layer, names, x)
+            torch.testing.assert_close(y.double() - y0.double(), delta, atol=1e-4, rtol=1e-4)
