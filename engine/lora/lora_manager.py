@@ -18,6 +18,7 @@ from collections import Counter, OrderedDict
 from dataclasses import replace
 
 import torch
+
 from loraplex.engine.config import LoRAConfig
 from loraplex.engine.lora.adapter import ArchLike, LoRAAdapter, load_lora_adapter
 from loraplex.engine.lora.errors import InvalidAdapterError

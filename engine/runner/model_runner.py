@@ -13,8 +13,8 @@ import torch
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.lora.lora_slots import LoRASlots
 from loraplex.engine.model.dummy_weights import create_dummy_model
-from loraplex.engine.model.weight_loader import load_model
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext, LoRAApplier
+from loraplex.engine.model.weight_loader import load_model
 from loraplex.engine.request import Request
 from loraplex.engine.runner.cuda_graph import CUDAGraphRunner
 from loraplex.engine.runner.input_batch import ModelInputs, prepare_inputs
