@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loraplex.engine.llm_engine import LLMEngine, PromptType
+from loraplex.engine.lora.adapter import LoRAAdapter, load_lora_adapter
 from loraplex.engine.request import LoRARequest, RequestOutput, SamplingParams
 from loraplex.engine.tokenizer import Tokenizer
 
@@ -146,6 +147,40 @@ class AsyncEngine:
         """The latest snapshot published by the engine thread (never blocks)."""
         return dict(self._stats)
 
+    # ---- adapters ----------------------------------------------------------------------
+
+    def validate_lora(self, path: str) -> LoRAAdapter:
+        """Load and check a PEFT adapter against this base model (raises InvalidAdapterError).
+
+        Reads files: call it off the event loop.
+        """
+        return load_lora_adapter(path, self.engine.runner.arch,
+                                 self.engine.config.lora.max_lora_rank)
+
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load an adapter now, in the engine thread (else it loads on first use)."""
+        await self._call(lambda: self.engine.add_lora(lora_request))
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Unregister an adapter; its requests in flight finish first."""
+        return bool(await self._call(lambda: self.engine.remove_lora(lora_int_id)))
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` in the engine thread between steps and return its result."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def command() -> None:
+            try:
+                result = fn()
+            except Exception as exc:
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+        self._submit(command)
+        return await future
+
     # ---- the engine thread -------------------------------------------------------------
 
     def _submit(self, command: Callable[[], None]) -> None:
@@ -201,9 +236,13 @@ class AsyncEngine:
 
 
 def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
+    _settle(future, None, error)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.done():
         return
     if error is None:
-        future.set_result(None)
+        future.set_result(result)
     else:
         future.set_exception(error)

@@ -106,6 +106,7 @@ class OutputProcessor:
             completion.stop_reason = matched
             return not request.is_finished
         if request.is_finished:
+            completion.text += completion.detokenizer.flush()
             completion.finish_reason = request.status.finish_reason
             token = request.output_token_ids[-1]
             if token in request.sampling_params.stop_token_ids:

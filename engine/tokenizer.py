@@ -254,6 +254,18 @@ class IncrementalDetokenizer:
         return delta
 
 
+    def flush(self) -> str:
+        """At the end of a completion: the held-back text (e.g. a lone U+FFFD), if any."""
+        decode = self._tokenizer.decode
+        prefix_text = decode(self._ids[self._prefix_offset:self._read_offset],
+                             self._skip_special_tokens)
+        new_text = decode(self._ids[self._prefix_offset:], self._skip_special_tokens)
+        delta = new_text[len(os.path.commonprefix([prefix_text, new_text])):]
+        self._prefix_offset = self._read_offset = len(self._ids)
+        self._chunks.append(delta)
+        return delta
+
+
 def find_stop_string(text: str, new_text_len: int, stops: Sequence[str]) -> int | None:
     """Where the earliest stop string that the last `new_text_len` characters completed starts.
 

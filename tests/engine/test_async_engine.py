@@ -1,0 +1,74 @@
+"""AsyncEngine: streaming, abort freeing everything, errors before the first output."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loraplex.engine import AsyncEngine, InvalidRequestError, SamplingParams
+from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_random_checkpoint(tmp_path_factory.mktemp("async"), "llama")
+
+
+async def started(checkpoint) -> AsyncEngine:
+    engine = AsyncEngine.from_engine_args(str(checkpoint), device="cpu", dtype="float32")
+    await engine.start()
+    return engine
+
+
+async def test_streams_incremental_outputs_matching_offline(checkpoint):
+    engine = await started(checkpoint)
+    try:
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        lengths, texts = [], []
+        async for out in engine.generate("hello world", params, "r1"):
+            lengths.append(len(out.outputs[0].token_ids))
+            texts.append(out.outputs[0].text)
+        assert lengths == list(range(1, 9))
+        assert all(texts[i + 1].startswith(texts[i]) for i in range(len(texts) - 1))
+        offline = engine.engine.tokenizer.decode(out.outputs[0].token_ids)
+        assert texts[-1] == offline
+        assert out.finished and out.outputs[0].finish_reason == "length"
+    finally:
+        await engine.shutdown()
+
+
+async def test_leaving_the_stream_aborts_and_frees_blocks(checkpoint):
+    engine = await started(checkpoint)
+    try:
+        params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+        streams = [engine.generate("a b c d", params, f"s{i}") for i in range(20)]
+        for stream in streams:  # read one output from each, then drop them all
+            await stream.__anext__()
+        for stream in streams:
+            await stream.aclose()
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            stats = engine.get_stats()
+            if stats["num_running"] == 0 and stats["num_waiting"] == 0:
+                break
+        assert stats["kv_blocks_used"] == 0 and stats["num_running"] == 0
+        engine.engine.kv_cache_manager.check_integrity()
+    finally:
+        await engine.shutdown()
+
+
+async def test_bad_request_raises_before_output_and_engine_lives(checkpoint):
+    engine = await started(checkpoint)
+    try:
+        with pytest.raises(InvalidRequestError):
+            async for _ in engine.generate({"prompt_token_ids": []}, SamplingParams(), "bad"):
+                pass
+        with pytest.raises(InvalidRequestError):
+            async for _ in engine.generate({"prompt_token_ids": [10**9]}, SamplingParams(),
+                                           "bad2"):
+                pass
+        outs = [o async for o in engine.generate("ok", SamplingParams(max_tokens=2), "good")]
+        assert outs[-1].finished
+    finally:
+        await engine.shutdown()
