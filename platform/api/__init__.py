@@ -1,0 +1,7 @@
+"""The HTTP layer: routes, dependencies, error mapping, middleware."""
+
+from loraplex.platform.api.errors import install_error_handlers
+from loraplex.platform.api.main import api_router
+from loraplex.platform.api.middleware import RequestContextMiddleware, RequestIdLogFilter
+
+__all__ = ["RequestContextMiddleware", "RequestIdLogFilter", "api_router", "install_error_handlers"]

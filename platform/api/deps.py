@@ -1,0 +1,105 @@
+"""Typed dependencies: every route says who may call it (`CurrentTenant` or `AdminDep`).
+
+The DB-touching ones are plain functions, which FastAPI runs in its thread pool: the
+synchronous SQLAlchemy session never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request, Response
+from sqlalchemy.orm import Session
+
+from loraplex.platform.auth import (
+    AdminContext,
+    TenantContext,
+    authenticate_admin,
+    authenticate_tenant,
+)
+from loraplex.platform.errors import AuthenticationError, InvalidRequestError
+from loraplex.platform.ratelimit import rate_limit_headers
+from loraplex.platform.services.generation import tenant_limits
+from loraplex.platform.settings import Settings
+from loraplex.platform.state import AppState
+
+API_KEY_HEADER = "x-api-key"
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.loraplex
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def get_settings(state: StateDep) -> Settings:
+    return state.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_db(state: StateDep) -> Iterator[Session]:
+    with state.db.session() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_db)]
+
+
+def get_credential(request: Request) -> str:
+    """The one bearer credential of the request. Two at once is refused outright: which one
+    wins would otherwise depend on code order, a classic confused-deputy opening."""
+    authorization = request.headers.getlist("authorization")
+    api_keys = request.headers.getlist(API_KEY_HEADER)
+    if len(authorization) + len(api_keys) > 1:
+        raise InvalidRequestError("send exactly one credential (Authorization or x-api-key)")
+    if api_keys:
+        value = api_keys[0].strip()
+    elif authorization:
+        scheme, _, value = authorization[0].strip().partition(" ")
+        if scheme.lower() != "bearer":
+            raise AuthenticationError("use Authorization: Bearer <API key or token>")
+        value = value.strip()
+    else:
+        raise AuthenticationError("missing credentials: send Authorization: Bearer <API key>")
+    if not value or " " in value:
+        raise AuthenticationError("malformed credential")
+    return value
+
+
+CredentialDep = Annotated[str, Depends(get_credential)]
+
+
+def get_current_tenant(
+    request: Request, state: StateDep, credential: CredentialDep
+) -> TenantContext:
+    with state.db.session() as session:
+        tenant = authenticate_tenant(session, credential, state.tokens, state.api_key_secret)
+    request.state.tenant = tenant  # error responses carry the tenant's rate-limit headers too
+    return tenant
+
+
+CurrentTenant = Annotated[TenantContext, Depends(get_current_tenant)]
+
+
+def get_admin(state: StateDep, credential: CredentialDep) -> AdminContext:
+    with state.db.session() as session:
+        return authenticate_admin(session, credential, state.tokens, state.api_key_secret)
+
+
+AdminDep = Annotated[AdminContext, Depends(get_admin)]
+
+
+async def add_rate_limit_headers(
+    response: Response, state: StateDep, tenant: CurrentTenant
+) -> None:
+    """x-ratelimit-* on tenant responses that do not spend the limits themselves."""
+    decision = await state.limiter.peek(str(tenant.tenant_id), tenant_limits(tenant))
+    response.headers.update(rate_limit_headers(decision))
+
+
+RateLimitHeaders = Depends(add_rate_limit_headers)

@@ -1,0 +1,84 @@
+"""Admin API: tenants and their API keys."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, status
+
+from loraplex.platform import crud
+from loraplex.platform.api.deps import AdminDep, SessionDep, SettingsDep, StateDep, get_admin
+from loraplex.platform.schemas import (
+    ApiKeyCreate,
+    ApiKeyCreated,
+    ApiKeyPublic,
+    ApiKeysPublic,
+    TenantCreate,
+    TenantPublic,
+    TenantsPublic,
+    TenantUpdate,
+)
+
+router = APIRouter(prefix="/admin/v1", tags=["admin"], dependencies=[Depends(get_admin)])
+
+
+@router.post("/tenants", response_model=TenantPublic, status_code=status.HTTP_201_CREATED)
+def create_tenant(
+    session: SessionDep, settings: SettingsDep, admin: AdminDep, body: TenantCreate
+) -> TenantPublic:
+    return TenantPublic.model_validate(crud.create_tenant(session, body, settings))
+
+
+@router.get("/tenants", response_model=TenantsPublic)
+def read_tenants(
+    session: SessionDep,
+    admin: AdminDep,
+    skip: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> TenantsPublic:
+    rows, count = crud.read_tenants(session, skip, limit)
+    return TenantsPublic(data=[TenantPublic.model_validate(t) for t in rows], count=count)
+
+
+@router.get("/tenants/{tenant_id}", response_model=TenantPublic)
+def read_tenant(session: SessionDep, admin: AdminDep, tenant_id: int) -> TenantPublic:
+    return TenantPublic.model_validate(crud.read_tenant(session, tenant_id))
+
+
+@router.patch("/tenants/{tenant_id}", response_model=TenantPublic)
+def update_tenant(
+    session: SessionDep, admin: AdminDep, tenant_id: int, body: TenantUpdate
+) -> TenantPublic:
+    return TenantPublic.model_validate(crud.update_tenant(session, tenant_id, body))
+
+
+@router.delete("/tenants/{tenant_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_tenant(session: SessionDep, state: StateDep, admin: AdminDep, tenant_id: int) -> None:
+    for adapter in crud.read_adapters(session, tenant_id):
+        crud.delete_adapter(session, state.adapter_store, adapter.id)  # files too
+    crud.delete_tenant(session, tenant_id)
+
+
+@router.post(
+    "/tenants/{tenant_id}/api-keys",
+    response_model=ApiKeyCreated,
+    status_code=status.HTTP_201_CREATED,
+)
+def create_api_key(
+    session: SessionDep, state: StateDep, admin: AdminDep, tenant_id: int, body: ApiKeyCreate
+) -> ApiKeyCreated:
+    row, key = crud.create_api_key(session, tenant_id, body, state.api_key_secret)
+    public = ApiKeyPublic.model_validate(row)
+    return ApiKeyCreated(**public.model_dump(), key=key)
+
+
+@router.get("/tenants/{tenant_id}/api-keys", response_model=ApiKeysPublic)
+def read_api_keys(session: SessionDep, admin: AdminDep, tenant_id: int) -> ApiKeysPublic:
+    rows = crud.read_api_keys(session, tenant_id)
+    return ApiKeysPublic(data=[ApiKeyPublic.model_validate(k) for k in rows], count=len(rows))
+
+
+@router.delete("/api-keys/{key_id}", response_model=ApiKeyPublic)
+def delete_api_key(session: SessionDep, admin: AdminDep, key_id: int) -> ApiKeyPublic:
+    """Revokes the key (kept for the audit trail); tokens exchanged from it die with it."""
+    return ApiKeyPublic.model_validate(crud.revoke_api_key(session, key_id))

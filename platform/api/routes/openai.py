@@ -1,0 +1,135 @@
+"""The OpenAI-compatible tenant API: /v1/models, /v1/completions, /v1/chat/completions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+from starlette.background import BackgroundTask
+
+from loraplex.platform import crud
+from loraplex.platform.api.deps import CurrentTenant, RateLimitHeaders, SessionDep, StateDep
+from loraplex.platform.schemas import ChatCompletionRequest, CompletionRequest, ModelList
+from loraplex.platform.schemas.openai_responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    ModelCard,
+)
+from loraplex.platform.services import (
+    GenerationRun,
+    admit,
+    collect_chat,
+    collect_completion,
+    plan_chat,
+    plan_completion,
+    start_stream,
+    stream_chat,
+    stream_completion,
+)
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+T = TypeVar("T", bound=BaseModel)
+CLIENT_CLOSED = 499  # nginx's code: nobody reads it, but logs say what happened
+
+
+@router.get("/models", response_model=ModelList, dependencies=[RateLimitHeaders])
+def read_models(state: StateDep, session: SessionDep, tenant: CurrentTenant) -> ModelList:
+    base = state.engine.model_name
+    max_len = state.engine.max_model_len
+    cards = [ModelCard(id=base, created=0, owned_by="loraplex", root=base, max_model_len=max_len)]
+    for usable in crud.read_usable_models(session, tenant.tenant_id):
+        assert usable.adapter is not None
+        cards.append(
+            ModelCard(
+                id=usable.model_id,
+                owned_by=usable.adapter.tenant.name,
+                created=int(usable.adapter.created_at.timestamp()),
+                parent=base,
+                root=base,
+                max_model_len=max_len,
+            )
+        )
+    return ModelList(data=cards)
+
+
+@router.post("/completions", response_model=CompletionResponse)
+async def create_completion(
+    body: CompletionRequest, request: Request, state: StateDep, tenant: CurrentTenant
+) -> Response:
+    run = await admit(state, tenant, await plan_completion(state, tenant, body))
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return await _stream(run, stream_completion(run, include_usage))
+    return await _respond(run, request, collect_completion)
+
+
+@router.post("/chat/completions", response_model=ChatCompletionResponse)
+async def create_chat_completion(
+    body: ChatCompletionRequest, request: Request, state: StateDep, tenant: CurrentTenant
+) -> Response:
+    run = await admit(state, tenant, await plan_chat(state, tenant, body))
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return await _stream(run, stream_chat(run, include_usage))
+    return await _respond(run, request, collect_chat)
+
+
+async def _stream(run: GenerationRun, events: AsyncGenerator[str, None]) -> StreamingResponse:
+    try:
+        body = await start_stream(events)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await run.finish("aborted")  # a no-op unless the run never got to settle itself
+        raise
+
+    async def settle() -> None:
+        # Runs after the response, however it ended. If the client left before the stream
+        # started, this is what aborts the engine request and settles the run.
+        await events.aclose()
+        await run.finish("aborted")  # a no-op when the stream settled it already
+
+    return StreamingResponse(
+        body,
+        media_type="text/event-stream",
+        headers={**run.headers, "cache-control": "no-cache"},
+        background=BackgroundTask(settle),
+    )
+
+
+async def _respond(
+    run: GenerationRun, request: Request, collect: Callable[[GenerationRun], Awaitable[T]]
+) -> Response:
+    """Collect the whole response, giving up (and aborting the engine request) if the client
+    disconnects first."""
+    result: list[T] = []
+    failure: list[Exception] = []
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def work() -> None:
+                try:
+                    result.append(await collect(run))
+                except Exception as exc:  # re-raised below, not as an ExceptionGroup
+                    failure.append(exc)
+                tg.cancel_scope.cancel()
+
+            async def watch() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(work)
+            tg.start_soon(watch)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await run.finish("aborted")  # a no-op unless the run never got to settle itself
+    if failure:
+        raise failure[0]
+    if not result:
+        return Response(status_code=CLIENT_CLOSED)
+    payload: Any = result[0].model_dump(mode="json")
+    return JSONResponse(payload, headers=run.headers)

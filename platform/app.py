@@ -1,0 +1,138 @@
+"""The one place the app is assembled: `create_app(settings)` and its lifespan.
+
+Start-up: database (refusing an unmigrated schema), metrics, rate limiter (Redis or local),
+engine (model loaded in a worker thread), usage writer. Shut-down, in reverse: stop admitting
+(new requests get 503), let streams in flight finish within the grace period, flush usage,
+stop the engine, close Redis and the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import anyio
+from fastapi import FastAPI
+
+from loraplex.platform.api import (
+    RequestContextMiddleware,
+    api_router,
+    install_error_handlers,
+)
+from loraplex.platform.auth import TokenCodec
+from loraplex.platform.db import Database, check_migrated
+from loraplex.platform.engine_client import EngineClient
+from loraplex.platform.metrics import Metrics
+from loraplex.platform.ratelimit import create_rate_limiter
+from loraplex.platform.settings import Settings, get_settings
+from loraplex.platform.state import AppState
+from loraplex.platform.storage import AdapterStore
+from loraplex.platform.usage import UsageWriter
+
+if TYPE_CHECKING:
+    from loraplex.engine.async_engine import AsyncEngine
+
+logger = logging.getLogger(__name__)
+
+
+async def _load_engine(settings: Settings) -> AsyncEngine:
+    from loraplex.engine.async_engine import AsyncEngine
+
+    model = settings.model
+    if not model:
+        raise RuntimeError(
+            "no model: set LORAPLEX_MODEL, or run `loraplex serve --model PATH` "
+            "or `loraplex serve --demo`"
+        )
+    logger.info("loading model %s", model)
+    return await anyio.to_thread.run_sync(
+        lambda: AsyncEngine.from_engine_args(model, **settings.engine_kwargs())
+    )
+
+
+async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppState:
+    db = Database(settings.resolved_database_url)
+    try:
+        await anyio.to_thread.run_sync(check_migrated, db.engine)
+        metrics = Metrics()
+        limiter = create_rate_limiter(
+            settings.redis_url,
+            settings.redis_key_prefix,
+            on_fallback=metrics.observe_ratelimit_fallback,
+        )
+        client = EngineClient(
+            engine or await _load_engine(settings),
+            max_waiting_requests=settings.max_waiting_requests,
+            max_waiting_tokens=settings.max_waiting_tokens,
+        )
+        await client.start()
+        usage = UsageWriter(
+            db,
+            batch_size=settings.usage_batch_size,
+            flush_interval_s=settings.usage_flush_interval_s,
+            max_pending=settings.usage_max_pending,
+        )
+        await usage.start()
+    except BaseException:
+        db.dispose()
+        raise
+    return AppState(
+        settings=settings,
+        db=db,
+        engine=client,
+        limiter=limiter,
+        usage=usage,
+        metrics=metrics,
+        tokens=TokenCodec(settings),
+        adapter_store=AdapterStore(settings.resolved_adapter_dir),
+        api_key_secret=settings.api_key_hash_secret(),
+    )
+
+
+async def stop_state(state: AppState, *, owns_engine: bool) -> None:
+    """Drain, flush, close. Each step runs even if an earlier one failed."""
+    with anyio.CancelScope(shield=True):
+        try:
+            await state.engine.drain(state.settings.shutdown_grace_s)
+        finally:
+            try:
+                await state.usage.stop()
+            finally:
+                try:
+                    if owns_engine:
+                        await state.engine.shutdown()
+                finally:
+                    await state.limiter.aclose()
+                    state.db.dispose()
+
+
+def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None = None) -> FastAPI:
+    """The Loraplex API app. `engine`: an already built engine (the caller owns it)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = await start_state(settings, engine)
+        app.state.loraplex = state
+        logger.info("serving %s", state.engine.model_name)
+        try:
+            yield
+        finally:
+            await stop_state(state, owns_engine=engine is None)
+
+    app = FastAPI(
+        title="Loraplex",
+        version="0.1.0",
+        lifespan=lifespan,
+        summary="Multi-tenant LoRA serving with an OpenAI-compatible API",
+    )
+    install_error_handlers(app)
+    app.include_router(api_router)
+    app.add_middleware(
+        RequestContextMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        max_header_bytes=settings.max_header_bytes,
+    )
+    return app

@@ -1,0 +1,123 @@
+"""Turning a bearer credential into who is calling: a tenant (API key or tenant JWT) or an admin.
+
+Fails closed: anything unexpected is a 401. A valid credential for a suspended tenant or used
+outside its scope is a 403.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from loraplex.platform.auth.api_keys import (
+    api_key_matches,
+    api_key_prefix,
+    looks_like_api_key,
+)
+from loraplex.platform.auth.tokens import TokenCodec
+from loraplex.platform.db import ApiKey, Tenant, TenantStatus, TenantTier, utcnow
+from loraplex.platform.errors import AuthenticationError, PermissionDeniedError
+
+# last_used_at is refreshed at most this often: one write per key per minute, not per request.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+_DUMMY_HASH = "0" * 64
+
+
+@dataclass(frozen=True)
+class TenantContext:
+    """The calling tenant, as a plain snapshot (safe to use off the DB session)."""
+
+    tenant_id: int
+    name: str
+    tier: TenantTier
+    requests_per_minute: int
+    tokens_per_minute: int
+    max_concurrent_requests: int
+    api_key_id: int | None
+
+    @classmethod
+    def of(cls, tenant: Tenant, api_key_id: int | None) -> TenantContext:
+        return cls(
+            tenant_id=tenant.id,
+            name=tenant.name,
+            tier=TenantTier(tenant.priority),
+            requests_per_minute=tenant.requests_per_minute,
+            tokens_per_minute=tenant.tokens_per_minute,
+            max_concurrent_requests=tenant.max_concurrent_requests,
+            api_key_id=api_key_id,
+        )
+
+
+@dataclass(frozen=True)
+class AdminContext:
+    subject: str
+
+
+def authenticate_api_key(session: Session, key: str, secret: bytes) -> ApiKey:
+    """The live key row for `key`, or AuthenticationError. Touches last_used_at."""
+    prefix = api_key_prefix(key)
+    row = None
+    if prefix is not None:
+        row = session.scalars(select(ApiKey).where(ApiKey.prefix == prefix)).one_or_none()
+    # Hash even when nothing matched, so a miss costs the same time as a wrong key.
+    if not api_key_matches(key, row.key_hash if row else _DUMMY_HASH, secret) or row is None:
+        raise AuthenticationError("invalid API key")
+    now = utcnow()
+    if row.revoked_at is not None:
+        raise AuthenticationError("API key revoked")
+    if row.expires_at is not None and row.expires_at <= now:
+        raise AuthenticationError("API key expired")
+    if row.last_used_at is None or now - row.last_used_at >= LAST_USED_RESOLUTION:
+        row.last_used_at = now
+        session.commit()
+    return row
+
+
+def authenticate_tenant(
+    session: Session, credential: str, codec: TokenCodec, key_secret: bytes
+) -> TenantContext:
+    api_key_id: int | None
+    if looks_like_api_key(credential):
+        key = authenticate_api_key(session, credential, key_secret)
+        tenant, api_key_id = key.tenant, key.id
+    else:
+        claims = codec.verify(credential)
+        if claims.scope != "tenant" or claims.tenant_id is None:
+            raise PermissionDeniedError("this route needs a tenant credential")
+        maybe_tenant = session.get(Tenant, claims.tenant_id)
+        if maybe_tenant is None:
+            raise AuthenticationError("invalid token")
+        tenant, api_key_id = maybe_tenant, claims.api_key_id
+        if api_key_id is not None:
+            _check_key_still_valid(session, api_key_id, tenant.id)
+    if tenant.status != TenantStatus.ACTIVE:
+        raise PermissionDeniedError("tenant suspended")
+    return TenantContext.of(tenant, api_key_id)
+
+
+def _check_key_still_valid(session: Session, api_key_id: int, tenant_id: int) -> None:
+    """A token exchanged from a key dies with the key (revocation is not delayed by the TTL)."""
+    key = session.get(ApiKey, api_key_id)
+    now = utcnow()
+    if (
+        key is None
+        or key.tenant_id != tenant_id
+        or key.revoked_at is not None
+        or (key.expires_at is not None and key.expires_at <= now)
+    ):
+        raise AuthenticationError("the API key this token came from is no longer valid")
+
+
+def authenticate_admin(
+    session: Session, credential: str, codec: TokenCodec, key_secret: bytes
+) -> AdminContext:
+    if looks_like_api_key(credential):
+        authenticate_api_key(session, credential, key_secret)  # 401 if bad, else wrong scope
+        raise PermissionDeniedError("admin routes need an admin token")
+    claims = codec.verify(credential)
+    if claims.scope != "admin":
+        raise PermissionDeniedError("admin routes need an admin token")
+    return AdminContext(subject=claims.subject)

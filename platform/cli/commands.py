@@ -1,0 +1,203 @@
+"""Registry commands: they work on the database directly (no server needed)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from loraplex.platform import crud
+from loraplex.platform.auth import TokenCodec
+from loraplex.platform.db import Database, DatabaseNotMigratedError, Tenant, check_migrated
+from loraplex.platform.db import upgrade as db_upgrade_to_head
+from loraplex.platform.schemas import ApiKeyCreate, TenantCreate, TenantUpdate
+from loraplex.platform.settings import Settings
+from loraplex.platform.storage import AdapterStore
+
+
+class CommandError(Exception):
+    """A command cannot run as asked; the message says why."""
+
+
+@contextmanager
+def registry(settings: Settings) -> Iterator[Session]:
+    db = Database(settings.resolved_database_url)
+    try:
+        try:
+            check_migrated(db.engine)
+        except DatabaseNotMigratedError as e:
+            raise CommandError(str(e)) from e
+        with db.session() as session:
+            yield session
+    finally:
+        db.dispose()
+
+
+def _tenant(session: Session, ref: str) -> Tenant:
+    return (
+        crud.read_tenant(session, int(ref))
+        if ref.isdigit()
+        else crud.read_tenant_by_name(session, ref)
+    )
+
+
+def db_upgrade(args: argparse.Namespace) -> int:
+    settings = Settings()
+    db_upgrade_to_head(settings.resolved_database_url)
+    print(f"database at head: {settings.resolved_database_url}")
+    return 0
+
+
+def admin_token(args: argparse.Namespace) -> int:
+    settings = Settings()
+    try:
+        token = TokenCodec(settings).issue_admin_token(
+            args.subject, args.ttl or settings.admin_token_ttl_s
+        )
+    except ValueError as e:  # a TTL beyond LORAPLEX_MAX_TOKEN_TTL_S
+        raise CommandError(str(e)) from e
+    print(token)
+    return 0
+
+
+def demo_model(args: argparse.Namespace) -> int:
+    from loraplex.engine.model import demo_checkpoint
+
+    path = Path(args.path)
+    if args.random:
+        demo_checkpoint.write_random_checkpoint(path)
+    else:
+        demo_checkpoint.write_smollm2_checkpoint(path)
+    print(f"wrote {path}")
+    return 0
+
+
+def _print_tenant(t: Tenant) -> None:
+    print(
+        f"{t.id}\t{t.name}\t{t.priority}\t{t.status}\trpm={t.requests_per_minute}\t"
+        f"tpm={t.tokens_per_minute}\tconcurrency={t.max_concurrent_requests}"
+    )
+
+
+def tenants_create(args: argparse.Namespace) -> int:
+    settings = Settings()
+    body = TenantCreate.model_validate(
+        {
+            "name": args.name,
+            "priority": args.priority or "standard",
+            "requests_per_minute": args.rpm,
+            "tokens_per_minute": args.tpm,
+            "max_concurrent_requests": args.concurrency,
+        }
+    )
+    with registry(settings) as session:
+        _print_tenant(crud.create_tenant(session, body, settings))
+    return 0
+
+
+def tenants_list(args: argparse.Namespace) -> int:
+    with registry(Settings()) as session:
+        rows, _ = crud.read_tenants(session, 0, 1_000_000)
+        for t in rows:
+            _print_tenant(t)
+    return 0
+
+
+def tenants_update(args: argparse.Namespace) -> int:
+    fields = {
+        "name": args.new_name,
+        "priority": args.priority,
+        "status": args.status,
+        "requests_per_minute": args.rpm,
+        "tokens_per_minute": args.tpm,
+        "max_concurrent_requests": args.concurrency,
+    }
+    body = TenantUpdate.model_validate({k: v for k, v in fields.items() if v is not None})
+    with registry(Settings()) as session:
+        _print_tenant(crud.update_tenant(session, _tenant(session, args.tenant).id, body))
+    return 0
+
+
+def keys_create(args: argparse.Namespace) -> int:
+    settings = Settings()
+    expires_at = None
+    if args.expires_in_days is not None:
+        expires_at = dt.datetime.now(dt.UTC) + dt.timedelta(days=args.expires_in_days)
+    body = ApiKeyCreate(name=args.name, expires_at=expires_at)
+    with registry(settings) as session:
+        tenant = _tenant(session, args.tenant)
+        row, key = crud.create_api_key(session, tenant.id, body, settings.api_key_hash_secret())
+        print(f"key id {row.id} for tenant {tenant.name!r} (shown once, store it now):")
+        print(key)
+    return 0
+
+
+def keys_list(args: argparse.Namespace) -> int:
+    with registry(Settings()) as session:
+        for k in crud.read_api_keys(session, _tenant(session, args.tenant).id):
+            state = "revoked" if k.revoked_at else "active"
+            print(
+                f"{k.id}\t{k.prefix}...\t{k.name}\t{state}\texpires={k.expires_at}\t"
+                f"last_used={k.last_used_at}"
+            )
+    return 0
+
+
+def keys_revoke(args: argparse.Namespace) -> int:
+    with registry(Settings()) as session:
+        row = crud.revoke_api_key(session, args.key_id)
+        print(f"revoked key {row.id} ({row.prefix}...)")
+    return 0
+
+
+def adapters_add(args: argparse.Namespace) -> int:
+    from loraplex.platform.adapters import engine_adapter_validator
+
+    settings = Settings()
+    model = args.model or settings.model
+    if not model:
+        raise CommandError(
+            "the base model is needed to validate the adapter: pass --model or set LORAPLEX_MODEL"
+        )
+    source = Path(args.dir)
+    if not source.is_dir():
+        raise CommandError(f"{source} is not a directory")
+    with registry(settings) as session:
+        tenant = _tenant(session, args.tenant)
+        row = crud.register_adapter(
+            session,
+            AdapterStore(settings.resolved_adapter_dir),
+            engine_adapter_validator(model, settings.max_lora_rank),
+            tenant_id=tenant.id,
+            name=args.name,
+            source_dir=source,
+            base_model=Path(model).name,
+        )
+        print(
+            f"adapter {row.id} {row.name!r} for tenant {tenant.name!r}: rank {row.rank}, "
+            f"targets {','.join(row.target_modules)}, sha256 {row.sha256}"
+        )
+    return 0
+
+
+def adapters_list(args: argparse.Namespace) -> int:
+    with registry(Settings()) as session:
+        tenant_id = _tenant(session, args.tenant).id if args.tenant else None
+        for a in crud.read_adapters(session, tenant_id):
+            print(
+                f"{a.id}\t{a.tenant_id}\t{a.name}\tr={a.rank}\t{','.join(a.target_modules)}\t"
+                f"{a.sha256[:12]}\t{a.status}"
+            )
+    return 0
+
+
+def adapters_remove(args: argparse.Namespace) -> int:
+    settings = Settings()
+    with registry(settings) as session:
+        crud.delete_adapter(session, AdapterStore(settings.resolved_adapter_dir), args.adapter_id)
+        print(f"removed adapter {args.adapter_id}")
+    return 0

@@ -1,0 +1,96 @@
+"""`loraplex serve`: uvicorn with a graceful SIGTERM.
+
+On SIGTERM (or Ctrl-C) new requests get 503 at once; uvicorn stops accepting connections and
+lets requests in flight finish for up to `shutdown_grace_s`; then the app's lifespan aborts
+what is left, flushes usage records and stops the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from loraplex.platform.app import create_app
+from loraplex.platform.cli.commands import CommandError
+from loraplex.platform.db import Database, DatabaseNotMigratedError, check_migrated
+from loraplex.platform.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    """Marks the app as draining the moment the signal arrives, before uvicorn's own
+    shutdown starts, so that requests on kept-alive connections are refused with 503."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state = getattr(self._app.state, "loraplex", None)
+        if state is not None:
+            state.engine.start_draining()
+        super().handle_exit(sig, frame)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    if args.model:
+        overrides["model"] = args.model
+    if args.host:
+        overrides["host"] = args.host
+    if args.port is not None:
+        overrides["port"] = args.port
+    if args.demo:
+        from loraplex.engine.model.demo_checkpoint import ensure_demo_checkpoint
+
+        overrides["model"] = str(ensure_demo_checkpoint())
+    return Settings(**overrides)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from loraplex.platform.cli.main import configure_logging
+
+    settings = _settings(args)
+    configure_logging(settings.log_level)
+    if not settings.model:
+        raise CommandError("no model: pass --model PATH or --demo (or set LORAPLEX_MODEL)")
+    banner = None
+    if args.demo:
+        from loraplex.platform.demo import bootstrap_demo, demo_banner
+
+        setup = bootstrap_demo(settings)
+        banner = demo_banner(
+            setup, f"http://{settings.host}:{settings.port}", Path(settings.model).name
+        )
+    else:
+        db = Database(settings.resolved_database_url)
+        try:
+            check_migrated(db.engine)
+        except DatabaseNotMigratedError as e:
+            raise CommandError(str(e)) from e
+        finally:
+            db.dispose()
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
+        h11_max_incomplete_event_size=settings.max_header_bytes,
+    )
+    server = DrainingServer(config, app)
+    if banner:
+        print(banner, file=sys.stderr, flush=True)
+    server.run()
+    return 0

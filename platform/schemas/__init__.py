@@ -1,0 +1,47 @@
+"""Pydantic schemas: admin resources and the OpenAI protocol."""
+
+from loraplex.platform.schemas.admin import (
+    AdapterGrantCreate,
+    AdapterGrantPublic,
+    AdapterPublic,
+    AdaptersPublic,
+    ApiKeyCreate,
+    ApiKeyCreated,
+    ApiKeyPublic,
+    ApiKeysPublic,
+    TenantCreate,
+    TenantPublic,
+    TenantsPublic,
+    TenantUpdate,
+    UsagePublic,
+    UsageRow,
+)
+from loraplex.platform.schemas.openai_requests import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+)
+from loraplex.platform.schemas.openai_responses import ErrorResponse, ModelList, TokenResponse
+
+__all__ = [
+    "AdapterGrantCreate",
+    "AdapterGrantPublic",
+    "AdapterPublic",
+    "AdaptersPublic",
+    "ApiKeyCreate",
+    "ApiKeyCreated",
+    "ApiKeyPublic",
+    "ApiKeysPublic",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "ErrorResponse",
+    "ModelList",
+    "TenantCreate",
+    "TenantPublic",
+    "TenantUpdate",
+    "TenantsPublic",
+    "TokenResponse",
+    "UsagePublic",
+    "UsageRow",
+]

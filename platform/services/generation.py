@@ -1,0 +1,205 @@
+"""The life of one inference request after validation: admission, the engine stream, and the
+accounting at the end (rate-limit refund, usage record, metrics) — exactly once, whether the
+request finishes, fails, or is cancelled by a client disconnect.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+import anyio
+
+from loraplex.engine.request import RequestOutput, SamplingParams
+from loraplex.platform.auth import TenantContext
+from loraplex.platform.crud import AdapterRef
+from loraplex.platform.errors import (
+    EngineFailureError,
+    EngineOverloadedError,
+    RateLimitedError,
+    ServiceUnavailableError,
+)
+from loraplex.platform.ratelimit import RateLimitDecision, TenantLimits, rate_limit_headers
+from loraplex.platform.state import AppState
+from loraplex.platform.usage import UsageEvent
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """Everything decided before admission."""
+
+    request_id: str  # the engine's id and the response's `id`
+    endpoint: str  # "completions" | "chat.completions"
+    model: str  # as the client named it
+    adapter: AdapterRef | None
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    priority: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def reserved_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.sampling_params.n * self.sampling_params.max_tokens
+
+
+def tenant_limits(tenant: TenantContext) -> TenantLimits:
+    return TenantLimits(
+        requests_per_minute=tenant.requests_per_minute,
+        tokens_per_minute=tenant.tokens_per_minute,
+        max_concurrent_requests=tenant.max_concurrent_requests,
+    )
+
+
+async def admit(state: AppState, tenant: TenantContext, plan: GenerationPlan) -> GenerationRun:
+    """Reserve the tenant's limits for `plan`, or raise 429 / 503."""
+    try:
+        state.engine.check_admission()
+    except EngineOverloadedError:
+        state.metrics.observe_rate_limited(tenant.name, "engine_overloaded")
+        raise
+    decision = await state.limiter.acquire(
+        str(tenant.tenant_id), tenant_limits(tenant), plan.reserved_tokens
+    )
+    if not decision.allowed:
+        kind = decision.kind or "requests"
+        state.metrics.observe_rate_limited(tenant.name, kind)
+        detail = (
+            "this request needs more tokens than the limit allows per minute"
+            if decision.exceeds_capacity
+            else "retry after the time in retry-after"
+        )
+        raise RateLimitedError(
+            f"Rate limit reached for {kind}: {detail}.",
+            kind=kind,
+            retry_after_s=decision.retry_after_s or 1.0,
+            headers=rate_limit_headers(decision),
+        )
+    return GenerationRun(state, tenant, plan, decision)
+
+
+class GenerationRun:
+    """One admitted request. Iterate `outputs()` once; `finish` runs exactly once after it."""
+
+    def __init__(
+        self,
+        state: AppState,
+        tenant: TenantContext,
+        plan: GenerationPlan,
+        decision: RateLimitDecision,
+    ) -> None:
+        self.state = state
+        self.tenant = tenant
+        self.plan = plan
+        self.decision = decision
+        self.headers = rate_limit_headers(decision)
+        self.started = time.monotonic()
+        self.num_completion_tokens = 0
+        self.num_cached_tokens = 0
+        self._first_token_at: float | None = None
+        self._last_token_at: float | None = None
+        self._gaps: list[float] = []
+        self._finished = False
+        state.metrics.request_started(tenant.name)
+
+    @property
+    def adapter_label(self) -> str:
+        return self.plan.model
+
+    async def outputs(self) -> AsyncGenerator[RequestOutput, None]:
+        status: str | None = None  # stays None if cancelled or the consumer leaves early
+        try:
+            async for output in self.state.engine.generate(
+                request_id=self.plan.request_id,
+                prompt_token_ids=self.plan.prompt_token_ids,
+                sampling_params=self.plan.sampling_params,
+                adapter=self.plan.adapter,
+                priority=self.plan.priority,
+                tenant_key=str(self.tenant.tenant_id),
+            ):
+                self._observe(output)
+                if output.finished:
+                    status = _status_of(output)
+                    _raise_if_failed(output)
+                yield output
+        except Exception:
+            status = status or "error"
+            raise
+        finally:
+            # Shielded: on a client disconnect this runs inside a cancelled scope, and the
+            # refund, usage row and metrics must not be lost with the request.
+            with anyio.CancelScope(shield=True):
+                await self.finish(status or "aborted")
+
+    def _observe(self, output: RequestOutput) -> None:
+        num_tokens = sum(len(o.token_ids) for o in output.outputs)
+        if num_tokens > self.num_completion_tokens:
+            now = time.monotonic()
+            if self._first_token_at is None:
+                self._first_token_at = now
+            elif self._last_token_at is not None:
+                self._gaps.append(now - self._last_token_at)
+            self._last_token_at = now
+        self.num_completion_tokens = num_tokens
+        self.num_cached_tokens = output.num_cached_tokens
+
+    async def finish(self, status: str) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        plan, tenant, state = self.plan, self.tenant, self.state
+        num_prompt = len(plan.prompt_token_ids)
+        elapsed = time.monotonic() - self.started
+        reservation = self.decision.reservation
+        try:
+            if reservation is not None:
+                await state.limiter.release(reservation, num_prompt + self.num_completion_tokens)
+        except Exception:
+            logger.exception("rate-limit release failed for %s", plan.request_id)
+        state.usage.record(
+            UsageEvent(
+                request_id=plan.request_id,
+                tenant_id=tenant.tenant_id,
+                api_key_id=tenant.api_key_id,
+                adapter_id=plan.adapter.adapter_id if plan.adapter else None,
+                model=plan.model,
+                endpoint=plan.endpoint,
+                prompt_tokens=num_prompt,
+                completion_tokens=self.num_completion_tokens,
+                latency_ms=int(elapsed * 1000),
+                status=status,
+            )
+        )
+        state.metrics.request_finished(tenant.name)
+        ttft = (self._first_token_at - self.started) if self._first_token_at else None
+        state.metrics.observe_request(
+            tenant.name,
+            self.adapter_label,
+            status,
+            prompt_tokens=num_prompt,
+            completion_tokens=self.num_completion_tokens,
+            ttft_s=ttft,
+            e2e_s=elapsed,
+            inter_token_s=self._gaps,
+        )
+
+
+def _status_of(output: RequestOutput) -> str:
+    reasons = {o.finish_reason for o in output.outputs}
+    if "error" in reasons:
+        return "error"
+    if "abort" in reasons:
+        return "aborted"
+    return "ok"
+
+
+def _raise_if_failed(output: RequestOutput) -> None:
+    """A request the engine failed or aborted (shutdown) must not look like a success."""
+    reasons = {o.finish_reason for o in output.outputs}
+    if "error" in reasons:
+        raise EngineFailureError("the engine failed while generating this request")
+    if "abort" in reasons:
+        raise ServiceUnavailableError("the request was aborted (the server is shutting down)")

@@ -1,0 +1,168 @@
+"""Service settings: the only place the platform reads environment variables (prefix LORAPLEX_).
+
+Everything has an embedded default (a SQLite file under `data_dir`, no Redis, the CPU), so
+`loraplex serve --demo` works on a bare machine. Secrets left unset are generated once and
+persisted under `data_dir` with mode 0600 — fine for the embedded default, logged as a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+logger = logging.getLogger(__name__)
+
+JWTAlgorithm = Literal["HS256", "RS256"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LORAPLEX_", extra="ignore")
+
+    # Storage
+    data_dir: Path = Path("data")
+    database_url: str | None = None  # default: sqlite file data_dir/loraplex.db
+    redis_url: str | None = None  # unset: the in-process rate limiter
+    redis_key_prefix: str = "loraplex:"
+    adapter_dir: Path | None = None  # default: data_dir/adapters
+
+    # Secrets and tokens
+    jwt_secret: SecretStr | None = None  # HS256 key; generated + persisted when unset
+    api_key_secret: SecretStr | None = None  # HMAC key for API key hashes; same treatment
+    jwt_algorithm: JWTAlgorithm = "HS256"
+    jwt_public_key_file: Path | None = None  # RS256: verifies tokens
+    jwt_private_key_file: Path | None = None  # RS256: issues tokens (optional on verifiers)
+    jwt_audience: str = "loraplex"
+    jwt_issuer: str = "loraplex"
+    jwt_leeway_s: int = Field(default=10, ge=0, le=300)
+    tenant_token_ttl_s: int = Field(default=900, ge=1)
+    admin_token_ttl_s: int = Field(default=3600, ge=1)
+    max_token_ttl_s: int = Field(default=7 * 24 * 3600, ge=1)
+
+    # Engine
+    model: str | None = None  # a Hugging Face checkpoint directory
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_loras: int = 8
+    max_lora_rank: int = 64
+    engine_args: dict[str, Any] = Field(default_factory=dict)  # any other LLM(...) keyword
+
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)
+    public_metrics: bool = False  # /metrics without an admin token (labels name tenants)
+
+    # Request caps (DoS through parameters)
+    max_prompt_tokens: int | None = None  # default: max_model_len - 1
+    max_completion_tokens: int = Field(default=4096, ge=1)
+    max_messages: int = Field(default=1024, ge=1)
+
+    # Backpressure: beyond these engine queue depths new requests get 429 engine_overloaded.
+    max_waiting_requests: int = Field(default=256, ge=1)
+    max_waiting_tokens: int = Field(default=1 << 20, ge=1)
+
+    # Default limits for tenants created without explicit ones.
+    default_requests_per_minute: int = Field(default=600, ge=1)
+    default_tokens_per_minute: int = Field(default=1_000_000, ge=1)
+    default_max_concurrent_requests: int = Field(default=32, ge=1)
+
+    # Lifecycle
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    usage_flush_interval_s: float = Field(default=1.0, gt=0)
+    usage_batch_size: int = Field(default=500, ge=1)
+    usage_max_pending: int = Field(default=100_000, ge=1)
+    log_level: str = "INFO"
+
+    @field_validator("database_url", "redis_url", "model")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value or None
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'loraplex.db').resolve()}"
+
+    @property
+    def resolved_adapter_dir(self) -> Path:
+        return (self.adapter_dir or self.data_dir / "adapters").resolve()
+
+    def jwt_signing_key(self) -> str:
+        """The key that signs tokens: the HS256 secret or the RS256 private key (PEM)."""
+        if self.jwt_algorithm == "HS256":
+            return self.hs256_secret()
+        if self.jwt_private_key_file is None:
+            raise RuntimeError("LORAPLEX_JWT_PRIVATE_KEY_FILE is needed to issue RS256 tokens")
+        return self.jwt_private_key_file.read_text()
+
+    def jwt_verification_key(self) -> str:
+        """The key that verifies tokens: the HS256 secret or the RS256 public key (PEM)."""
+        if self.jwt_algorithm == "HS256":
+            return self.hs256_secret()
+        if self.jwt_public_key_file is None:
+            raise RuntimeError("LORAPLEX_JWT_PUBLIC_KEY_FILE is needed to verify RS256 tokens")
+        return self.jwt_public_key_file.read_text()
+
+    def hs256_secret(self) -> str:
+        if self.jwt_secret is None:
+            self.jwt_secret = SecretStr(_persisted_secret(self.data_dir / "jwt_secret"))
+        return self.jwt_secret.get_secret_value()
+
+    def api_key_hash_secret(self) -> bytes:
+        if self.api_key_secret is None:
+            self.api_key_secret = SecretStr(_persisted_secret(self.data_dir / "api_key_secret"))
+        return self.api_key_secret.get_secret_value().encode()
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `AsyncEngine.from_engine_args` (as `LLM(...)` takes them)."""
+        kwargs: dict[str, Any] = {
+            "device": self.device,
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "max_loras": self.max_loras,
+            "max_lora_rank": self.max_lora_rank,
+        }
+        kwargs.update(self.engine_args)
+        return kwargs
+
+
+def _persisted_secret(path: Path) -> str:
+    """Read a generated secret from `path`, creating it (mode 0600) on first use."""
+    if path.exists():
+        return path.read_text().strip()
+    logger.warning(
+        "no %s set: generated one and stored it in %s (set LORAPLEX_%s in production)",
+        path.name,
+        path,
+        path.name.upper(),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(48))
+    try:
+        os.link(tmp, path)  # atomic: a concurrent process either wins or reads the winner's
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path.read_text().strip()
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Settings from the environment, read once per process (the CLI's entry point)."""
+    return Settings()

@@ -1,0 +1,27 @@
+"""AppState: the long-lived objects one app instance owns, built and torn down by its lifespan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loraplex.platform.auth import TokenCodec
+from loraplex.platform.db import Database
+from loraplex.platform.engine_client import EngineClient
+from loraplex.platform.metrics import Metrics
+from loraplex.platform.ratelimit import FailoverRateLimiter
+from loraplex.platform.settings import Settings
+from loraplex.platform.storage import AdapterStore
+from loraplex.platform.usage import UsageWriter
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    db: Database
+    engine: EngineClient
+    limiter: FailoverRateLimiter
+    usage: UsageWriter
+    metrics: Metrics
+    tokens: TokenCodec
+    adapter_store: AdapterStore
+    api_key_secret: bytes

@@ -1,0 +1,111 @@
+"""The `loraplex` registry commands, run in-process against a SQLite file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import jwt
+import pytest
+from sqlalchemy import select
+
+from loraplex.platform.cli import main
+from loraplex.platform.db import ApiKey, Database
+from loraplex.platform.demo import bootstrap_demo
+from loraplex.platform.settings import Settings
+
+
+@pytest.fixture
+def env(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for key in list(os.environ):
+        if key.startswith("LORAPLEX_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("LORAPLEX_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("LORAPLEX_MODEL", str(tiny_model_dir))
+    return tmp_path / "data"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_registry_commands(
+    env: Path, capsys: pytest.CaptureFixture[str], adapter_sources: dict[str, Path], tmp_path: Path
+) -> None:
+    code, _, err = run(capsys, "tenants", "list")
+    assert code == 1 and "run `loraplex db upgrade`" in err
+    code, _, err = run(capsys, "serve")
+    assert code == 1 and "run `loraplex db upgrade`" in err
+
+    assert run(capsys, "db", "upgrade")[0] == 0
+    assert run(capsys, "db", "upgrade")[0] == 0  # idempotent
+    code, out, _ = run(capsys, "tenants", "create", "acme", "--priority", "batch", "--rpm", "5")
+    assert code == 0 and "acme\tbatch\tactive\trpm=5" in out
+    assert run(capsys, "tenants", "create", "acme")[0] == 1  # taken
+    assert run(capsys, "tenants", "create", "bad name")[0] == 1
+    code, out, _ = run(capsys, "tenants", "update", "acme", "--status", "suspended", "--tpm", "99")
+    assert code == 0 and "suspended\trpm=5\ttpm=99" in out
+    assert "acme" in run(capsys, "tenants", "list")[1]
+
+    code, out, _ = run(capsys, "keys", "create", "acme", "--name", "ci")
+    key = out.strip().splitlines()[-1]
+    assert code == 0 and key.startswith("lpx-")
+    with Database(Settings().resolved_database_url).session() as session:
+        row = session.scalars(select(ApiKey)).one()
+        assert row.name == "ci" and key.startswith(row.prefix) and key not in row.key_hash
+        key_id = row.id
+    assert f"{key_id}\t{key[:12]}...\tci\tactive" in run(capsys, "keys", "list", "acme")[1]
+    assert run(capsys, "keys", "revoke", str(key_id))[0] == 0
+    assert "revoked" in run(capsys, "keys", "list", "1")[1]
+    assert run(capsys, "keys", "revoke", "999")[0] == 1
+
+    code, out, _ = run(
+        capsys, "adapters", "add", "--tenant", "acme", "--name", "bot", str(adapter_sources["r8"])
+    )
+    assert code == 0 and "rank 8" in out
+    assert "bot\tr=8" in run(capsys, "adapters", "list", "--tenant", "acme")[1]
+    assert (
+        run(
+            capsys,
+            "adapters",
+            "add",
+            "--tenant",
+            "acme",
+            "--name",
+            "bot",
+            str(adapter_sources["r8"]),
+        )[0]
+        == 1
+    )  # name taken
+    # A pickle next to the weights: refused, nothing stored.
+    bad = tmp_path / "bad"
+    shutil.copytree(adapter_sources["r4"], bad)
+    (bad / "adapter_model.safetensors").unlink()
+    (bad / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
+    code, _, err = run(capsys, "adapters", "add", "--tenant", "acme", "--name", "evil", str(bad))
+    assert code == 1 and "adapter_model.safetensors" in err
+    assert run(capsys, "adapters", "remove", "1")[0] == 0
+    assert run(capsys, "adapters", "list")[1] == ""
+    assert not list((env / "adapters").glob("*/*"))  # the stored files went with it
+    assert not list((env / "adapters").glob(".staging-*"))  # nothing half-copied left
+
+    code, out, _ = run(capsys, "admin", "token", "--ttl", "60")
+    claims = jwt.decode(
+        out.strip(), Settings().hs256_secret(), algorithms=["HS256"], audience="loraplex"
+    )
+    assert claims["scope"] == "admin" and claims["exp"] - claims["iat"] == 60
+    code, _, err = run(capsys, "admin", "token", "--ttl", str(10**9))
+    assert code == 1 and "ttl must be in" in err
+
+
+def test_demo_bootstrap_is_idempotent(env: Path) -> None:
+    settings = Settings()
+    first = bootstrap_demo(settings)
+    second = bootstrap_demo(Settings())
+    assert first == second and first.api_key.startswith("lpx-")
+    assert len(first.adapter_names) == 2
+    with Database(settings.resolved_database_url).session() as session:
+        assert len(session.scalars(select(ApiKey)).all()) == 1

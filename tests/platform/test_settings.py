@@ -1,0 +1,39 @@
+"""Settings: the LORAPLEX_ prefix, embedded defaults, generated secrets persisted once."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from loraplex.platform.settings import Settings
+
+
+def test_environment_and_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for key in list(os.environ):
+        if key.startswith("LORAPLEX_"):
+            monkeypatch.delenv(key)
+    s = Settings()
+    assert s.resolved_database_url == f"sqlite:///{tmp_path / 'data' / 'loraplex.db'}"
+    assert s.redis_url is None and s.resolved_adapter_dir == tmp_path / "data" / "adapters"
+    monkeypatch.setenv("LORAPLEX_DATABASE_URL", "postgresql+psycopg://u@h/db")
+    monkeypatch.setenv("LORAPLEX_REDIS_URL", "")
+    monkeypatch.setenv("LORAPLEX_MAX_NUM_SEQS", "4")
+    monkeypatch.setenv("LORAPLEX_ENGINE_ARGS", '{"num_kv_blocks": 64}')
+    s = Settings()
+    assert s.resolved_database_url == "postgresql+psycopg://u@h/db" and s.redis_url is None
+    assert s.engine_kwargs()["max_num_seqs"] == 4 and s.engine_kwargs()["num_kv_blocks"] == 64
+
+
+def test_generated_secrets_are_persisted_privately(tmp_path: Path) -> None:
+    s = Settings(data_dir=tmp_path)
+    secret = s.hs256_secret()
+    assert len(secret) >= 64
+    path = tmp_path / "jwt_secret"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert Settings(data_dir=tmp_path).hs256_secret() == secret  # the same after a restart
+    assert Settings(data_dir=tmp_path).api_key_hash_secret() != secret.encode()
+    assert Settings(data_dir=tmp_path, jwt_secret="given").hs256_secret() == "given"
