@@ -212,9 +212,10 @@ class AsyncEngine:
             command()
 
     def _step(self) -> None:
-        for output in self.engine.step():
+        outputs = self.engine.step()
+        self._stats = self.engine.get_stats()  # before outputs: a caller never sees old stats
+        for output in outputs:
             self._publish(output)
-        self._stats = self.engine.get_stats()
 
     def _publish(self, output: RequestOutput) -> None:
         stream = self._streams.get(output.request_id)
@@ -225,10 +226,11 @@ class AsyncEngine:
             del self._streams[output.request_id]
 
     def _abort(self, request_id: str) -> None:
-        for output in self.engine.abort_request(request_id):
+        outputs = self.engine.abort_request(request_id)
+        self._stats = self.engine.get_stats()
+        for output in outputs:
             self._publish(output)
         self._streams.pop(request_id, None)
-        self._stats = self.engine.get_stats()
 
     def _abort_all(self) -> None:
         for request_id in list(self._streams):

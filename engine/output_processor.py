@@ -28,7 +28,6 @@ class _UserRequest:
     prompt: str | None
     prompt_token_ids: list[int]
     completions: list[_Completion] = field(default_factory=list)
-    num_cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -129,7 +128,7 @@ class OutputProcessor:
         return RequestOutput(
             request_id=user.request_id, prompt=user.prompt,
             prompt_token_ids=user.prompt_token_ids, outputs=outputs, finished=finished,
-            num_cached_tokens=user.num_cached_tokens,
+            num_cached_tokens=user.completions[0].request.num_cached_tokens,
         )
 
     @staticmethod

@@ -160,6 +160,8 @@ class Request:
     num_computed_tokens: int = 0
     num_preemptions: int = 0
     num_lora_wait_steps: int = 0
+    # Prompt tokens served from the prefix cache at first admission (usage reporting).
+    num_cached_tokens: int = 0
     # n > 1: the sibling whose prompt blocks this request shares once its prefill is done.
     fork_parent_id: str | None = None
     error: str | None = None

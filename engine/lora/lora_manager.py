@@ -50,6 +50,12 @@ class LoRAManager:
     def add_lora(self, lora_request: LoRARequest) -> LoRARequest:
         """Validate and load an adapter; returns the request with its content hash set."""
         adapter = load_lora_adapter(lora_request.lora_path, self.arch, self.config.max_lora_rank)
+        if lora_request.content_hash not in (None, adapter.content_hash):
+            # The caller registered other files than those now on disk: refuse, never serve
+            # weights nobody validated under that hash.
+            raise InvalidAdapterError(
+                f"{lora_request.lora_path}: content hash {adapter.content_hash} differs from "
+                f"the registered {lora_request.content_hash}")
         self._cache_on_cpu(adapter, lora_request.lora_path)
         resolved = replace(lora_request, content_hash=adapter.content_hash)
         self._registered[lora_request.lora_int_id] = resolved

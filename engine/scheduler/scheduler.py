@@ -223,6 +223,8 @@ class Scheduler:
             if not kv.allocate_slots(request, num_new, computed_blocks):
                 return False
             request.num_computed_tokens += num_cached
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_cached
         self.waiting.remove(request)
         self.running.append(request)
         request.status = RequestStatus.RUNNING

@@ -43,7 +43,7 @@ def test_shared_system_prompt_skips_prefill(model):
     # Same tenant and adapter: the two full system-prompt blocks are reused.
     assert first_chunk(engine, "b", SYSTEM + [10, 11], cache_salt="t1") == 42 - 32
     assert engine.kv_cache_manager.num_prefix_hit_tokens == 32
-    run_to_completion(engine)
+    assert run_to_completion(engine)["b"].num_cached_tokens == 32
     # Another tenant's salt, or another adapter: nothing is shared.
     assert first_chunk(engine, "c", SYSTEM + [12], cache_salt="t2") == 41
     lora = LoRARequest("a", 1, str(adapter))
