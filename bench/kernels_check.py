@@ -7,13 +7,18 @@ Run on a CUDA machine from the repo root, after `pip install -e . --no-deps` (th
 
 1. Correctness in bf16 on Llama-3-8B shapes (hidden 4096, 32 query heads, 8 kv heads, head_dim
    128, block_size 16): paged attention (mixed prefill chunks + decode, decode only, sliding
-   window), reshape_and_cache, and lora_shrink / lora_expand over 8 adapters of rank 8/16/64 at
-   T in {1, 32, 256, 2048}; Triton vs reference, max abs error and PASS/FAIL.
-2. CUDA graphs: a captured launch replayed with a different batch mapping / different sequence
-   lengths (same shapes) must still match the reference (the grids depend on shapes only).
+   window), reshape_and_cache, and the fused (multi-slice, split-K) lora_shrink / lora_expand
+   for each slice group of a layer (qkv, o, gate_up, down) over 8 adapters of rank 8/16/64
+   (one empty slot, one at half rank, one without its second slice) at T in {1, 32, 256, 2048};
+   Triton vs reference, max abs error and PASS/FAIL.
+2. CUDA graphs: a captured launch replayed with a different batch mapping / ranks / sequence
+   lengths (same shapes) must still match the reference (the grids depend on shapes only); the
+   captured shrink memset must zero its buffer again.
 3. Timings (triton.testing.do_bench): paged attention decode (batch 32/64, context 640) and
-   prefill (4 x 512); shrink + expand for the 7 LoRA projections of one layer (8 adapters, rank
-   16) at T = 32/64/256 beside the base GEMMs of that layer, and their ratio.
+   prefill (4 x 512); the 4 fused shrinks + 4 fused expands of one layer (8 adapters, rank 16)
+   at T = 32/64/256, eager and replayed as a CUDA graph, beside the base GEMMs of that layer,
+   and their ratio; then 3 candidate decode tile rows each for the shrink and the expand
+   (graph-replayed, T = 32/64), to pick `SHRINK_TILES` / `EXPAND_TILES`' decode rows.
 
 Prints everything to stdout; writes a JSON summary to $OUT/kernels.json when OUT is set. Exits 1
 if any check fails. Takes well under 2 minutes on an H100/H200.
@@ -21,12 +26,14 @@ if any check fails. Takes well under 2 minutes on an H100/H200.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,22 +50,15 @@ NUM_HEADS = 32
 NUM_KV_HEADS = 8
 HEAD_DIM = 128
 BLOCK_SIZE = 16
-# name -> (in_dim, out_dim, fused output it lands in, offset in that output)
-PROJECTIONS = {
-    "q_proj": (HIDDEN, NUM_HEADS * HEAD_DIM, "qkv", 0),
-    "k_proj": (HIDDEN, NUM_KV_HEADS * HEAD_DIM, "qkv", NUM_HEADS * HEAD_DIM),
-    "v_proj": (HIDDEN, NUM_KV_HEADS * HEAD_DIM, "qkv", (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM),
-    "o_proj": (NUM_HEADS * HEAD_DIM, HIDDEN, "o", 0),
-    "gate_proj": (HIDDEN, INTERMEDIATE, "gate_up", 0),
-    "up_proj": (HIDDEN, INTERMEDIATE, "gate_up", INTERMEDIATE),
-    "down_proj": (INTERMEDIATE, HIDDEN, "down", 0),
+# LoRA slice groups of one layer, as engine/lora/lora_slots.py stacks them (one fused shrink +
+# one fused expand each): name -> (in_dim, out_dim of each slice)
+LORA_GROUPS = {
+    "qkv": (HIDDEN, (NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM)),
+    "o": (NUM_HEADS * HEAD_DIM, (HIDDEN,)),
+    "gate_up": (HIDDEN, (INTERMEDIATE, INTERMEDIATE)),
+    "down": (INTERMEDIATE, (HIDDEN,)),
 }
-FUSED = {  # base GEMMs of one layer: name -> (in_dim, out_dim)
-    "qkv": (HIDDEN, (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM),
-    "o": (NUM_HEADS * HEAD_DIM, HIDDEN),
-    "gate_up": (HIDDEN, 2 * INTERMEDIATE),
-    "down": (INTERMEDIATE, HIDDEN),
-}
+FUSED = {name: (in_dim, sum(sizes)) for name, (in_dim, sizes) in LORA_GROUPS.items()}
 MAX_LORAS = 8
 DTYPE = torch.bfloat16
 ATOL = 2e-2  # bf16 outputs of O(1)
@@ -109,11 +109,21 @@ def paged_inputs(
     )
 
 
-def lora_weights(rank: int, in_dim: int, out_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """lora_a [MAX_LORAS, rank, in_dim], lora_b [MAX_LORAS, out_dim, rank]; outputs O(1)."""
-    lora_a = torch.randn(MAX_LORAS, rank, in_dim, device=DEVICE) / in_dim**0.5
-    lora_b = torch.randn(MAX_LORAS, out_dim, rank, device=DEVICE) / rank**0.5
-    return lora_a.to(DTYPE), lora_b.to(DTYPE)
+def lora_group(
+    rank: int, in_dim: int, slice_sizes: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lora_a [MAX_LORAS, S, rank, in_dim], lora_b [MAX_LORAS, sum(sizes), rank] (outputs O(1))
+    and ranks [S, MAX_LORAS]: full rank, except slot 3 empty, slot 6 at half rank, and slot 2
+    without its second slice (k_proj / up_proj), as an adapter targeting fewer modules."""
+    num_slices = len(slice_sizes)
+    lora_a = torch.randn(MAX_LORAS, num_slices, rank, in_dim, device=DEVICE) / in_dim**0.5
+    lora_b = torch.randn(MAX_LORAS, sum(slice_sizes), rank, device=DEVICE) / rank**0.5
+    ranks = torch.full((num_slices, MAX_LORAS), rank, dtype=torch.int32)
+    ranks[:, 3] = 0
+    ranks[:, 6] = max(rank // 2, 1)
+    if num_slices > 1:
+        ranks[1, 2] = 0
+    return lora_a.to(DTYPE), lora_b.to(DTYPE), ranks.to(DEVICE)
 
 
 def lora_mapping(num_tokens: int, with_plain: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,32 +175,28 @@ def check_paged_attention(tk: Any) -> bool:
 
 
 def check_lora(tk: Any) -> bool:
-    print("LoRA shrink/expand (bf16, 8 adapters, fp32 shrink output)")
+    print("LoRA fused shrink/expand per slice group (bf16, 8 adapters, split-K fp32 shrink)")
     ok = True
+    scalings = torch.rand(MAX_LORAS, device=DEVICE) + 0.5
     for rank in (8, 16, 64):
-        weights = {
-            name: lora_weights(rank, *PROJECTIONS[name][:2]) for name in ("q_proj", "down_proj")
-        }
-        ranks = torch.full((MAX_LORAS,), rank, dtype=torch.int32, device=DEVICE)
-        ranks[3] = 0  # one empty slot
-        ranks[6] = max(rank // 2, 1)  # one smaller adapter in a padded slot
-        scalings = torch.rand(MAX_LORAS, device=DEVICE) + 0.5
-        for num_tokens in (1, 32, 256, 2048):
-            ids, loc = lora_mapping(num_tokens, with_plain=num_tokens > 1)
-            for name, (lora_a, lora_b) in weights.items():
-                in_dim, out_dim = PROJECTIONS[name][:2]
+        for group, (in_dim, sizes) in LORA_GROUPS.items():
+            lora_a, lora_b, ranks = lora_group(rank, in_dim, sizes)
+            for num_tokens in (1, 32, 256, 2048):
+                ids, loc = lora_mapping(num_tokens, with_plain=num_tokens > 1)
                 x = torch.randn(num_tokens, in_dim, device=DEVICE, dtype=DTYPE)
                 shrunk = {}
                 for impl_name, impl in (("ref", reference_lora), ("triton", tk)):
-                    shrunk[impl_name] = torch.zeros(num_tokens, rank, device=DEVICE)
+                    shrunk[impl_name] = torch.full(
+                        (len(sizes), num_tokens, rank), 7.0, device=DEVICE
+                    )
                     impl.lora_shrink(x, lora_a, ids, loc, ranks, shrunk[impl_name])
-                label = f"rank {rank:>2} T {num_tokens:>4} {name}"
+                label = f"rank {rank:>2} T {num_tokens:>4} {group}"
                 ok &= report("correctness", f"lora_shrink {label}", shrunk["triton"], shrunk["ref"])
-                y0 = torch.randn(num_tokens, out_dim + 256, device=DEVICE, dtype=DTYPE)
+                y0 = torch.randn(num_tokens, sum(sizes) + 256, device=DEVICE, dtype=DTYPE)
                 y_ref, y_tri = y0.clone(), y0.clone()
                 args = (ids, loc, ranks, scalings)
-                reference_lora.lora_expand(shrunk["ref"], lora_b, *args, y_ref, 128)
-                tk.lora_expand(shrunk["ref"], lora_b, *args, y_tri, 128)
+                reference_lora.lora_expand(shrunk["ref"], lora_b, *args, y_ref, 128, sizes)
+                tk.lora_expand(shrunk["ref"], lora_b, *args, y_tri, 128, sizes)
                 ok &= report("correctness", f"lora_expand {label} (y_offset 128)", y_tri, y_ref)
     return ok
 
@@ -211,17 +217,17 @@ def check_cuda_graphs(tk: Any) -> bool:
     print("CUDA graph capture + replay with new batch data (same shapes)")
     ok = True
     num_tokens, rank = 64, 16
-    lora_a, lora_b = lora_weights(rank, HIDDEN, HIDDEN)
-    ranks = torch.full((MAX_LORAS,), rank, dtype=torch.int32, device=DEVICE)
+    in_dim, sizes = LORA_GROUPS["qkv"]
+    lora_a, lora_b, ranks = lora_group(rank, in_dim, sizes)
     scalings = torch.ones(MAX_LORAS, device=DEVICE)
-    x = torch.randn(num_tokens, HIDDEN, device=DEVICE, dtype=DTYPE)
+    x = torch.randn(num_tokens, in_dim, device=DEVICE, dtype=DTYPE)
     ids, loc = lora_mapping(num_tokens, with_plain=True)
-    shrunk = torch.zeros(num_tokens, rank, device=DEVICE)
-    y = torch.zeros(num_tokens, HIDDEN, device=DEVICE, dtype=DTYPE)
+    shrunk = torch.zeros(len(sizes), num_tokens, rank, device=DEVICE)
+    y = torch.zeros(num_tokens, sum(sizes), device=DEVICE, dtype=DTYPE)
 
     def lora_step() -> None:
         tk.lora_shrink(x, lora_a, ids, loc, ranks, shrunk)
-        tk.lora_expand(shrunk, lora_b, ids, loc, ranks, scalings, y, 0)
+        tk.lora_expand(shrunk, lora_b, ids, loc, ranks, scalings, y, 0, sizes)
 
     graph, _ = capture(lora_step)
     new_ids, new_loc = build_lora_mapping(
@@ -230,15 +236,22 @@ def check_cuda_graphs(tk: Any) -> bool:
     )
     ids.copy_(new_ids)
     loc.copy_(new_loc)
-    ranks[1] = 4
-    shrunk.zero_()
+    ranks[0, 1] = 4
+    ranks[2, 0] = 0
+    shrunk.fill_(7.0)  # the captured memset must zero it again
     y.zero_()
     graph.replay()
     expected_shrunk = torch.zeros_like(shrunk)
     reference_lora.lora_shrink(x, lora_a, ids, loc, ranks, expected_shrunk)
+    ok &= report(
+        "cuda_graphs", "lora fused qkv shrink, new mapping and ranks", shrunk, expected_shrunk
+    )
     expected_y = torch.zeros_like(y)
-    reference_lora.lora_expand(expected_shrunk, lora_b, ids, loc, ranks, scalings, expected_y, 0)
-    ok &= report("cuda_graphs", "lora shrink+expand, new mapping and ranks", y, expected_y)
+    expand_args = (ids, loc, ranks, scalings, expected_y, 0, sizes)
+    reference_lora.lora_expand(expected_shrunk, lora_b, *expand_args)
+    ok &= report(
+        "cuda_graphs", "lora fused qkv shrink+expand, new mapping and ranks", y, expected_y
+    )
 
     seq_lens = [640 + 3 * i for i in range(32)]
     args = paged_inputs([n + 200 for n in seq_lens], [1] * 32)  # blocks for longer sequences
@@ -279,10 +292,13 @@ def time_paged_attention(tk: Any) -> None:
 
 
 def lora_layer_fns(tk: Any, num_tokens: int, rank: int) -> dict[str, Callable[[], None]]:
-    """Closures running one layer's LoRA shrinks, expands, both, and the base GEMMs."""
-    weights = {name: lora_weights(rank, *spec[:2]) for name, spec in PROJECTIONS.items()}
+    """Closures running one layer's fused LoRA shrinks, expands, both, and the base GEMMs."""
+    weights = {}
+    for name, (in_dim, sizes) in LORA_GROUPS.items():
+        lora_a, lora_b, _ = lora_group(rank, in_dim, sizes)
+        ranks = torch.full((len(sizes), MAX_LORAS), rank, dtype=torch.int32, device=DEVICE)
+        weights[name] = (lora_a, lora_b, ranks)
     base = {n: torch.randn(o, i, device=DEVICE, dtype=DTYPE) for n, (i, o) in FUSED.items()}
-    ranks = torch.full((MAX_LORAS,), rank, dtype=torch.int32, device=DEVICE)
     scalings = torch.ones(MAX_LORAS, device=DEVICE)
     slots = torch.arange(num_tokens, device=DEVICE) % MAX_LORAS  # every adapter busy
     ids, loc = build_lora_mapping(slots, MAX_LORAS)
@@ -292,16 +308,19 @@ def lora_layer_fns(tk: Any, num_tokens: int, rank: int) -> dict[str, Callable[[]
     outputs = {
         n: torch.zeros(num_tokens, o, device=DEVICE, dtype=DTYPE) for n, (_, o) in FUSED.items()
     }
-    shrunk = torch.zeros(len(PROJECTIONS), num_tokens, rank, device=DEVICE)
+    shrunk = {
+        n: torch.zeros(len(sizes), num_tokens, rank, device=DEVICE)
+        for n, (_, sizes) in LORA_GROUPS.items()
+    }
 
     def shrink() -> None:
-        for i, (name, (_, _, fused, _)) in enumerate(PROJECTIONS.items()):
-            tk.lora_shrink(inputs[fused], weights[name][0], ids, loc, ranks, shrunk[i])
+        for name, (lora_a, _, ranks) in weights.items():
+            tk.lora_shrink(inputs[name], lora_a, ids, loc, ranks, shrunk[name])
 
     def expand() -> None:
-        for i, (name, (_, _, fused, offset)) in enumerate(PROJECTIONS.items()):
-            lora_b = weights[name][1]
-            tk.lora_expand(shrunk[i], lora_b, ids, loc, ranks, scalings, outputs[fused], offset)
+        for name, (_, lora_b, ranks) in weights.items():
+            sizes = LORA_GROUPS[name][1]
+            tk.lora_expand(shrunk[name], lora_b, ids, loc, ranks, scalings, outputs[name], 0, sizes)
 
     def lora() -> None:
         shrink()
@@ -314,25 +333,94 @@ def lora_layer_fns(tk: Any, num_tokens: int, rank: int) -> dict[str, Callable[[]
     return {"shrink": shrink, "expand": expand, "lora": lora, "base": base_gemms}
 
 
+def graph_us(fn: Callable[[], Any]) -> float:
+    graph, _ = capture(fn)
+    return bench_ms(graph.replay) * 1e3
+
+
+@contextlib.contextmanager
+def decode_tiles(shrink: Any = None, expand: Any = None) -> Iterator[None]:
+    """Swap the decode row (<= 64 tokens) of the launchers' tile tables while inside."""
+    shrink_mod: Any = importlib.import_module("loraplex.kernels.triton.lora_shrink")
+    expand_mod: Any = importlib.import_module("loraplex.kernels.triton.lora_expand")
+    saved = shrink_mod.SHRINK_TILES, expand_mod.EXPAND_TILES
+    if shrink is not None:
+        shrink_mod.SHRINK_TILES = ((saved[0][0][0], shrink), *saved[0][1:])
+    if expand is not None:
+        expand_mod.EXPAND_TILES = ((saved[1][0][0], expand), *saved[1][1:])
+    try:
+        yield
+    finally:
+        shrink_mod.SHRINK_TILES, expand_mod.EXPAND_TILES = saved
+
+
 def time_lora_layer(tk: Any) -> None:
-    print("LoRA (7 projections: shrink + expand each) vs base GEMMs, one Llama-3-8B layer")
-    print("  8 adapters x rank 16, bf16; 'graph' = the 14 LoRA launches replayed as one CUDA graph")
+    print("LoRA (4 slice groups: 1 fused shrink + 1 fused expand each) vs base GEMMs, one")
+    print(
+        "  Llama-3-8B layer, 8 adapters x rank 16, bf16; 'graph' = the 8 LoRA launches (and the 4"
+    )
+    print("  shrink memsets) replayed as one CUDA graph; base graph = the 4 GEMMs as a graph")
     for num_tokens in (32, 64, 256):
         fns = lora_layer_fns(tk, num_tokens, rank=16)
         us = {name: bench_ms(fn) * 1e3 for name, fn in fns.items()}
-        graph, _ = capture(fns["lora"])
-        us["lora_cuda_graph"] = bench_ms(graph.replay) * 1e3
+        for name in ("shrink", "expand", "lora", "base"):
+            us[f"{name}_cuda_graph"] = graph_us(fns[name])
         ratio, ratio_graph = us["lora"] / us["base"], us["lora_cuda_graph"] / us["base"]
         print(
             f"  T {num_tokens:>3}: lora {us['lora']:6.1f} us (shrink {us['shrink']:5.1f},"
-            f" expand {us['expand']:5.1f}, graph {us['lora_cuda_graph']:5.1f})"
-            f"  base {us['base']:6.1f} us  lora/base {ratio:4.2f} (graph {ratio_graph:4.2f})"
+            f" expand {us['expand']:5.1f})  graph {us['lora_cuda_graph']:5.1f} us"
+            f" (shrink {us['shrink_cuda_graph']:5.1f}, expand {us['expand_cuda_graph']:5.1f})"
+        )
+        print(
+            f"         base {us['base']:6.1f} us (graph {us['base_cuda_graph']:6.1f})"
+            f"  lora/base {ratio:4.2f}  graph lora/base {ratio_graph:4.2f}"
+            f"  (vs base graph {us['lora_cuda_graph'] / us['base_cuda_graph']:4.2f})"
         )
         results["timings"][f"lora_layer_T{num_tokens}"] = {
             **{f"{name}_us": value for name, value in us.items()},
             "ratio": ratio,
             "ratio_cuda_graph": ratio_graph,
         }
+
+
+def sweep_decode_tiles(tk: Any) -> None:
+    """Graph-replayed time of one layer's 4 fused shrinks (4 expands) per candidate tile row."""
+    from loraplex.kernels.triton.lora_expand import ExpandTiles
+    from loraplex.kernels.triton.lora_shrink import ShrinkTiles
+
+    shrink_candidates = (
+        ShrinkTiles(block_m=16, block_k=128, k_chunk=512, num_warps=4, num_stages=2),
+        ShrinkTiles(block_m=16, block_k=64, k_chunk=256, num_warps=2, num_stages=2),
+        ShrinkTiles(block_m=16, block_k=128, k_chunk=1024, num_warps=4, num_stages=3),
+    )
+    expand_candidates = (
+        ExpandTiles(block_m=16, block_n=128, num_warps=4, num_stages=2),
+        ExpandTiles(block_m=16, block_n=128, num_warps=2, num_stages=2),
+        ExpandTiles(block_m=16, block_n=256, num_warps=4, num_stages=2),
+    )
+    print("decode tile candidates: graph-replayed us for one layer's 4 fused launches (rank 16)")
+    sweep: dict[str, float] = {}
+    for num_tokens in (32, 64):
+        fns = lora_layer_fns(tk, num_tokens, rank=16)
+        best: dict[str, Any] = {}
+        for op, candidates in (("shrink", shrink_candidates), ("expand", expand_candidates)):
+            timed = []
+            for tiles in candidates:
+                with decode_tiles(**{op: tiles}):
+                    us = graph_us(fns[op])
+                print(f"  T {num_tokens:>2} {op:<6} {us:6.1f} us  {tiles}")
+                sweep[f"T{num_tokens} {op} {tiles}"] = us
+                timed.append((us, tiles))
+            best[op] = min(timed, key=lambda pair: pair[0])[1]
+        with decode_tiles(**best):
+            us = graph_us(fns["lora"])
+        base_us = graph_us(fns["base"])
+        print(
+            f"  T {num_tokens:>2} best shrink + best expand: lora graph {us:6.1f} us,"
+            f" base graph {base_us:6.1f} us, ratio {us / base_us:4.2f}"
+        )
+        sweep[f"T{num_tokens} best lora"] = us
+    results["timings"]["decode_tile_sweep_us"] = sweep
 
 
 def main() -> int:
@@ -357,6 +445,7 @@ def main() -> int:
     ok &= check_cuda_graphs(tk)
     time_paged_attention(tk)
     time_lora_layer(tk)
+    sweep_decode_tiles(tk)
     results["all_pass"] = ok
     results["wall_s"] = time.perf_counter() - started
     print(f"{'ALL PASS' if ok else 'SOME CHECKS FAILED'} in {results['wall_s']:.1f} s")

@@ -6,5 +6,10 @@
 from loraplex.kernels.dispatch import lora_expand, lora_shrink, paged_attention, reshape_and_cache
 from loraplex.kernels.lora_mapping import build_lora_mapping
 
-__all__ = ["build_lora_mapping", "lora_expand", "lora_shrink", "paged_attention",
-           "reshape_and_cache"]
+__all__ = [
+    "build_lora_mapping",
+    "lora_expand",
+    "lora_shrink",
+    "paged_attention",
+    "reshape_and_cache",
+]

@@ -1,19 +1,48 @@
-"""The device-side home of active adapters: per-module stacked weights, one slot per adapter.
+"""The device-side home of active adapters: stacked weights, one slot per adapter.
 
-For every adaptable module m and layer l:
+Weights are stored per fused projection of the model (`SLICE_GROUPS`: qkv, o, gate_up, down),
+so that one shrink and one expand launch serve every slice of a `MergedLinear`. For a group
+with slices i = 0..S-1 (one in_dim, out dims n_i) and layer l:
 
-    lora_a[m][l]  [max_loras, max_lora_rank, in_dim]     slot s holds A in rows [:rank_s]
-    lora_b[m][l]  [max_loras, out_dim, max_lora_rank]    slot s holds B in columns [:rank_s]
-    ranks[m]      [max_loras] int32                      0 where slot s does not target m
+    group.lora_a[l]  [max_loras, S, max_lora_rank, in_dim]  slot s, slice i: A in rows [:rank]
+    group.lora_b[l]  [max_loras, sum n_i, max_lora_rank]    slice i: B in rows o_i + [0, n_i),
+                                                            columns [:rank]
+    group.ranks      [S, max_loras] int32                   0 where slot s does not target i
 
-Memory is sized by `max_lora_rank` (as in vLLM); compute is not: the kernels stop at each
-slot's own rank and skip modules an adapter does not target.
+with o_i = n_0 + ... + n_{i-1}: B rows follow the y columns of the fused projection.
+
+The per-module views `lora_a[m]` [L, max_loras, r, in], `lora_b[m]` [L, max_loras, out, r] and
+`ranks[m]` [max_loras] share this storage. Memory is sized by `max_lora_rank` (as in vLLM);
+compute is not: the kernels stop at each slot's own rank and skip slices an adapter does not
+target. Tensors are allocated once and never move (CUDA graphs capture their addresses).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
 from loraplex.engine.lora.adapter import ArchLike, LoRAAdapter, lora_module_shapes
+
+# The slices the model's MergedLinear layers hand to the LoRA applier, in y's column order.
+SLICE_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("o_proj",),
+    ("gate_proj", "up_proj"),
+    ("down_proj",),
+)
+
+
+@dataclass(frozen=True)
+class LoRASliceGroup:
+    """Stacked weights of the slices of one fused projection (all layers, all slots)."""
+
+    slice_names: tuple[str, ...]
+    slice_sizes: tuple[int, ...]  # out_dim per slice
+    lora_a: torch.Tensor  # [num_layers, max_loras, num_slices, max_rank, in_dim]
+    lora_b: torch.Tensor  # [num_layers, max_loras, sum(slice_sizes), max_rank]
+    ranks: torch.Tensor  # [num_slices, max_loras] int32
 
 
 class LoRASlots:
@@ -29,21 +58,40 @@ class LoRASlots:
         self.max_lora_rank = max_lora_rank
         self.num_layers = arch.num_hidden_layers
         self.module_shapes = lora_module_shapes(arch)
-        self.lora_a: dict[str, torch.Tensor] = {}
-        self.lora_b: dict[str, torch.Tensor] = {}
-        self.ranks: dict[str, torch.Tensor] = {}
-        for module, (in_dim, out_dim) in self.module_shapes.items():
-            # [num_layers, max_loras, max_rank, in_dim] and [num_layers, max_loras, out_dim, max_rank]
-            self.lora_a[module] = torch.zeros(
-                self.num_layers, max_loras, max_lora_rank, in_dim, dtype=dtype, device=device
-            )
-            self.lora_b[module] = torch.zeros(
-                self.num_layers, max_loras, out_dim, max_lora_rank, dtype=dtype, device=device
-            )
-            self.ranks[module] = torch.zeros(max_loras, dtype=torch.int32, device=device)
+        assert sorted(m for g in SLICE_GROUPS for m in g) == sorted(self.module_shapes)
+        self.groups: dict[tuple[str, ...], LoRASliceGroup] = {}
+        # Per-module views into the groups' storage.
+        self.lora_a: dict[str, torch.Tensor] = {}  # [num_layers, max_loras, max_rank, in_dim]
+        self.lora_b: dict[str, torch.Tensor] = {}  # [num_layers, max_loras, out_dim, max_rank]
+        self.ranks: dict[str, torch.Tensor] = {}  # [max_loras] int32
+        for names in SLICE_GROUPS:
+            group = self._create_group(names, dtype, device)
+            self.groups[names] = group
+            start = 0
+            for i, (module, size) in enumerate(zip(names, group.slice_sizes, strict=True)):
+                self.lora_a[module] = group.lora_a[:, :, i]
+                self.lora_b[module] = group.lora_b[:, :, start : start + size]
+                self.ranks[module] = group.ranks[i]
+                start += size
         self.scalings = torch.zeros(max_loras, dtype=torch.float32, device=device)
         # Host copies, to know which modules a step needs without a device sync.
         self.host_ranks: dict[str, list[int]] = {m: [0] * max_loras for m in self.module_shapes}
+
+    def _create_group(
+        self, names: tuple[str, ...], dtype: torch.dtype, device: torch.device
+    ) -> LoRASliceGroup:
+        in_dims = {self.module_shapes[m][0] for m in names}
+        assert len(in_dims) == 1, f"slices {names} must share in_dim"
+        sizes = tuple(self.module_shapes[m][1] for m in names)
+        a_shape = (self.num_layers, self.max_loras, len(names), self.max_lora_rank, in_dims.pop())
+        b_shape = (self.num_layers, self.max_loras, sum(sizes), self.max_lora_rank)
+        return LoRASliceGroup(
+            slice_names=names,
+            slice_sizes=sizes,
+            lora_a=torch.zeros(a_shape, dtype=dtype, device=device),
+            lora_b=torch.zeros(b_shape, dtype=dtype, device=device),
+            ranks=torch.zeros(len(names), self.max_loras, dtype=torch.int32, device=device),
+        )
 
     def load(self, slot: int, adapter: LoRAAdapter) -> None:
         """Copy an adapter's weights into `slot` (one copy per module)."""

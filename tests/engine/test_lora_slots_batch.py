@@ -28,6 +28,7 @@ class Arch:
 
 
 ARCH = Arch()
+CPU = torch.device("cpu")
 SHAPES = lora_module_shapes(ARCH)
 
 
@@ -53,7 +54,7 @@ def make_adapter(rank: int, target_modules: tuple[str, ...], seed: int) -> LoRAA
 
 
 def test_load_fills_stacked_groups_and_clear_resets_ranks() -> None:
-    slots = LoRASlots(ARCH, max_loras=3, max_lora_rank=8, dtype=torch.float32, device="cpu")
+    slots = LoRASlots(ARCH, max_loras=3, max_lora_rank=8, dtype=torch.float32, device=CPU)
     adapter = make_adapter(4, ("q_proj", "v_proj", "down_proj"), seed=0)
     slots.load(1, adapter)
     qkv = slots.groups[("q_proj", "k_proj", "v_proj")]
@@ -107,14 +108,18 @@ ADAPTER_SETS: dict[str, dict[int, tuple[int, tuple[str, ...]]]] = {
 def test_apply_adds_each_adapters_deltas(
     kernels: str, adapter_set: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if kernels == "triton":  # the Triton launchers on CPU tensors (interpreter), via LoRABatch
+    device = CPU
+    if kernels == "triton":
         pytest.importorskip("triton")
-        from loraplex.kernels import triton as triton_kernels
+        if torch.cuda.is_available():
+            device = torch.device("cuda")  # the dispatcher picks Triton for CUDA tensors
+        else:  # the Triton launchers on CPU tensors (TRITON_INTERPRET=1, tests/conftest.py)
+            from loraplex.kernels import triton as triton_kernels
 
-        monkeypatch.setattr(lora_batch, "lora_shrink", triton_kernels.lora_shrink)
-        monkeypatch.setattr(lora_batch, "lora_expand", triton_kernels.lora_expand)
+            monkeypatch.setattr(lora_batch, "lora_shrink", triton_kernels.lora_shrink)
+            monkeypatch.setattr(lora_batch, "lora_expand", triton_kernels.lora_expand)
     torch.manual_seed(0)
-    slots = LoRASlots(ARCH, max_loras=3, max_lora_rank=8, dtype=torch.float32, device="cpu")
+    slots = LoRASlots(ARCH, max_loras=3, max_lora_rank=8, dtype=torch.float32, device=device)
     adapters = {
         slot: make_adapter(rank, modules, seed=slot)
         for slot, (rank, modules) in ADAPTER_SETS[adapter_set].items()
@@ -122,14 +127,14 @@ def test_apply_adds_each_adapters_deltas(
     for slot, adapter in adapters.items():
         slots.load(slot, adapter)
     token_slots = [-1, *adapters, *reversed(list(adapters)), -1, next(iter(adapters))]
-    ids, loc = build_lora_mapping(torch.tensor(token_slots), slots.max_loras)
+    ids, loc = build_lora_mapping(torch.tensor(token_slots, device=device), slots.max_loras)
     batch = LoRABatch(slots, ids, loc, slots.modules_in_use(set(adapters)))
     for layer in range(ARCH.num_hidden_layers):
         for names in SLICE_GROUPS:
             sizes = tuple(SHAPES[m][1] for m in names)
             x = torch.randn(len(token_slots), SHAPES[names[0]][0])
             y0 = torch.randn(len(token_slots), sum(sizes))
-            y = y0.clone()
-            batch.apply(layer, names, sizes, x, y)
+            y = y0.to(device, copy=True)
+            batch.apply(layer, names, sizes, x.to(device), y)
             delta = expected_delta(adapters, token_slots, layer, names, x)
-            torch.testing.assert_close(y.double() - y0.double(), delta, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(y.cpu().double() - y0.double(), delta, atol=1e-4, rtol=1e-4)

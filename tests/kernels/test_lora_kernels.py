@@ -1,12 +1,14 @@
-"""Multi-LoRA shrink/expand: reference vs a per-token loop, Triton vs reference.
+"""Multi-slice multi-LoRA shrink/expand: reference vs a per-token loop, Triton vs reference.
 
-Rank padding of every weight, and every weight and the scaling of an empty slot, is NaN, so a
-kernel that reads past a slot's rank, or computes for an empty slot, poisons its output and fails.
+Rank padding of every weight, and every weight and the scaling of a slot that targets no slice,
+is NaN, so a kernel that reads past a (slot, slice)'s rank, or computes for an empty one,
+poisons its output and fails. Shrink outputs start as a sentinel: the shrink must zero them.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -17,8 +19,8 @@ from loraplex.kernels.lora_mapping import build_lora_mapping
 from loraplex.kernels.reference import lora as reference
 
 IN_DIM = 200  # not a multiple of the shrink's BLOCK_K: exercises the K masks
-OUT_DIM = 72  # not a multiple of the expand's BLOCK_N
 SENTINEL = 1234.0  # exactly representable in fp16/bf16
+Y_EXTRA = 40  # y columns beyond the slices, for y_offset
 BF16 = pytest.param(
     torch.bfloat16,
     id="bf16",
@@ -34,10 +36,11 @@ ATOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
 @dataclass
 class LoRABatch:
     x: torch.Tensor  # [num_tokens, IN_DIM]
-    lora_a: torch.Tensor  # [max_loras, max_rank, IN_DIM]
-    lora_b: torch.Tensor  # [max_loras, OUT_DIM, max_rank]
+    lora_a: torch.Tensor  # [max_loras, num_slices, max_rank, IN_DIM]
+    lora_b: torch.Tensor  # [max_loras, sum(slice_sizes), max_rank]
     scalings: torch.Tensor  # [max_loras] float32
-    lora_ranks: torch.Tensor  # [max_loras] int32
+    lora_ranks: torch.Tensor  # [num_slices, max_loras] int32
+    slice_sizes: tuple[int, ...]
     token_lora_slots: torch.Tensor  # [num_tokens]; -1 = no adapter
     sorted_token_ids: torch.Tensor  # [num_tokens] int32
     slot_start_loc: torch.Tensor  # [max_loras + 1] int32
@@ -46,28 +49,40 @@ class LoRABatch:
     def mapping(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.sorted_token_ids, self.slot_start_loc, self.lora_ranks
 
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(num_slices, num_tokens, max_rank): the shrink output's shape."""
+        return len(self.slice_sizes), self.x.shape[0], self.lora_a.shape[2]
+
 
 def make_batch(
-    ranks: list[int],
+    ranks: list[list[int]],
     tokens_per_slot: list[int],
     num_plain_tokens: int,
     max_rank: int,
+    slice_sizes: tuple[int, ...],
     dtype: torch.dtype,
     device: torch.device,
 ) -> LoRABatch:
-    """Random weights and a shuffled batch with tokens_per_slot[s] tokens on slot s."""
-    max_loras = len(ranks)
+    """Random weights (ranks[slice][slot]) and a shuffled batch with tokens_per_slot[s] tokens
+    on slot s."""
+    num_slices, max_loras = len(ranks), len(ranks[0])
+    assert len(slice_sizes) == num_slices
     slots = [s for s, n in enumerate(tokens_per_slot) for _ in range(n)]
     slots += [-1] * num_plain_tokens
     token_lora_slots = torch.tensor(slots, dtype=torch.int64)[torch.randperm(len(slots))]
-    lora_a = torch.randn(max_loras, max_rank, IN_DIM) / IN_DIM**0.5
-    lora_b = torch.randn(max_loras, OUT_DIM, max_rank) / 4
+    lora_a = torch.randn(max_loras, num_slices, max_rank, IN_DIM) / IN_DIM**0.5
+    lora_b = torch.randn(max_loras, sum(slice_sizes), max_rank) / 4
     scalings = torch.rand(max_loras) + 0.5
-    for slot, rank in enumerate(ranks):
-        lora_a[slot, rank:] = float("nan")
-        lora_b[slot, :, rank:] = float("nan")
-        if rank == 0:
-            scalings[slot] = float("nan")  # an empty slot's scaling is stale: never read it
+    start = 0
+    for i, size in enumerate(slice_sizes):
+        for slot, rank in enumerate(ranks[i]):
+            lora_a[slot, i, rank:] = float("nan")
+            lora_b[slot, start : start + size, rank:] = float("nan")
+        start += size
+    for slot in range(max_loras):
+        if not any(r[slot] for r in ranks):
+            scalings[slot] = float("nan")  # an unused slot's scaling is stale: never read it
     ids, loc = build_lora_mapping(token_lora_slots, max_loras)
     return LoRABatch(
         x=torch.randn(len(slots), IN_DIM).to(device, dtype),
@@ -75,37 +90,49 @@ def make_batch(
         lora_b=lora_b.to(device, dtype),
         scalings=scalings.to(device),
         lora_ranks=torch.tensor(ranks, dtype=torch.int32, device=device),
+        slice_sizes=slice_sizes,
         token_lora_slots=token_lora_slots.to(device),
         sorted_token_ids=ids.to(device),
         slot_start_loc=loc.to(device),
     )
 
 
-# (ranks per slot, tokens per slot, tokens without adapter, max_rank)
+# (ranks[slice][slot], tokens per slot, tokens without adapter, max_rank, slice sizes)
 CASES = {
-    "1-adapter-r4": ([4], [5], 0, 4),
-    "1-token": ([8, 16], [0, 1], 0, 16),
-    "no-adapter-tokens": ([16, 8], [0, 0], 6, 16),
-    "no-tokens": ([8], [0], 0, 8),
-    "2-adapters-padded": ([8, 16], [3, 9], 2, 64),
-    "5-uneven-with-empty-slot": ([16, 0, 64, 4, 8], [1, 3, 37, 0, 5], 4, 64),
-    "3-adapters-r64-r4": ([64, 4, 64], [17, 16, 2], 1, 64),
+    "1-adapter-r4": ([[4]], [5], 0, 4, (72,)),
+    "1-token": ([[8, 16]], [0, 1], 0, 16, (72,)),
+    "no-adapter-tokens": ([[16, 8]], [0, 0], 6, 16, (72,)),
+    "no-tokens": ([[8]], [0], 0, 8, (72,)),
+    "2-slices-padded": ([[8, 16], [8, 0]], [3, 9], 2, 64, (72, 24)),
+    # qkv-like: a slot without q, a slot with only v, an unused slot, a slot without tokens.
+    "3-slices-uneven-ranks": (
+        [[16, 0, 0, 4, 8], [16, 4, 0, 4, 8], [16, 4, 0, 0, 8]],
+        [1, 3, 4, 37, 0],
+        4,
+        16,
+        (136, 40, 40),
+    ),
+    "3-slices-r64-r4": ([[64, 4, 64], [64, 4, 64], [64, 4, 0]], [17, 16, 2], 1, 64, (24, 8, 8)),
+    # Ranks past the shrink's MAX_BLOCK_N (64) and the expand's MAX_BLOCK_K: several rank tiles.
+    "2-slices-r128": ([[100, 40], [128, 0]], [4, 6], 1, 128, (24, 16)),
 }
 CASE_PARAMS = [pytest.param(*case, id=name) for name, case in CASES.items()]
+CASE_ARGS = ("ranks", "tokens_per_slot", "num_plain", "max_rank", "slice_sizes")
 
 
-def _adapter_rows(batch: LoRABatch) -> tuple[list[int], list[int]]:
-    """(token, slot) pairs of tokens whose slot has a non-zero rank."""
+def _adapted(batch: LoRABatch) -> Iterator[tuple[int, int, int, int]]:
+    """(slice, token, slot, rank) of every token whose slot has a non-zero rank for the slice."""
     ranks = batch.lora_ranks.tolist()
-    pairs = [(t, s) for t, s in enumerate(batch.token_lora_slots.tolist()) if s >= 0 and ranks[s]]
-    return [t for t, _ in pairs], [s for _, s in pairs]
+    for t, s in enumerate(batch.token_lora_slots.tolist()):
+        for i in range(len(batch.slice_sizes)):
+            if s >= 0 and ranks[i][s]:
+                yield i, t, s, ranks[i][s]
 
 
-def naive_shrink(batch: LoRABatch, out: torch.Tensor) -> torch.Tensor:
-    out = out.clone()
-    for t, s in zip(*_adapter_rows(batch), strict=True):
-        rank = int(batch.lora_ranks[s])
-        out[t, :rank] = (batch.x[t].double() @ batch.lora_a[s, :rank].double().T).to(out.dtype)
+def naive_shrink(batch: LoRABatch) -> torch.Tensor:
+    out = torch.zeros(batch.shape, device=batch.x.device)
+    for i, t, s, rank in _adapted(batch):
+        out[i, t, :rank] = (batch.x[t].double() @ batch.lora_a[s, i, :rank].double().T).float()
     return out
 
 
@@ -113,131 +140,181 @@ def naive_expand(
     batch: LoRABatch, lora_out: torch.Tensor, y: torch.Tensor, y_offset: int
 ) -> torch.Tensor:
     y = y.clone()
-    for t, s in zip(*_adapter_rows(batch), strict=True):
-        rank = int(batch.lora_ranks[s])
-        delta = lora_out[t, :rank].double() @ batch.lora_b[s, :, :rank].double().T
-        cols = slice(y_offset, y_offset + OUT_DIM)
+    for i, t, s, rank in _adapted(batch):
+        start = y_offset + sum(batch.slice_sizes[:i])
+        rows = slice(start - y_offset, start - y_offset + batch.slice_sizes[i])
+        delta = lora_out[i, t, :rank].double() @ batch.lora_b[s, rows, :rank].double().T
+        cols = slice(start, start + batch.slice_sizes[i])
         y[t, cols] = (y[t, cols].double() + float(batch.scalings[s]) * delta).to(y.dtype)
     return y
 
 
-def _shrunk(batch: LoRABatch, max_rank: int) -> torch.Tensor:
+def _shrunk(batch: LoRABatch) -> torch.Tensor:
     """A plausible fp32 shrink output (finite everywhere) to feed the expand."""
-    return torch.randn(batch.x.shape[0], max_rank, device=batch.x.device)
+    return torch.randn(batch.shape, device=batch.x.device)
+
+
+def _y(batch: LoRABatch, dtype: torch.dtype) -> torch.Tensor:
+    width = sum(batch.slice_sizes) + Y_EXTRA
+    return torch.randn(batch.x.shape[0], width, device=batch.x.device).to(dtype)
+
+
+@pytest.fixture(params=["default", "split-k"])
+def shrink_tiles(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The launcher's tile table, or one whose tiny K chunks split IN_DIM over 7 programs
+    (the last one partial), for every number of tokens."""
+    if request.param == "split-k":
+        module = importlib.import_module("loraplex.kernels.triton.lora_shrink")
+        tiles = module.ShrinkTiles(block_m=16, block_k=16, k_chunk=32, num_warps=4, num_stages=2)
+        monkeypatch.setattr(module, "SHRINK_TILES", ((1 << 30, tiles),))
+    return str(request.param)
 
 
 # --- the reference is the spec: check it against the obvious per-token loop -------------------
 
 
-@pytest.mark.parametrize(("ranks", "tokens_per_slot", "num_plain", "max_rank"), CASE_PARAMS)
+@pytest.mark.parametrize(CASE_ARGS, CASE_PARAMS)
 def test_reference_shrink_matches_per_token_loop(
-    ranks: list[int], tokens_per_slot: list[int], num_plain: int, max_rank: int
+    ranks: list[list[int]],
+    tokens_per_slot: list[int],
+    num_plain: int,
+    max_rank: int,
+    slice_sizes: tuple[int, ...],
 ) -> None:
     cpu = torch.device("cpu")
-    batch = make_batch(ranks, tokens_per_slot, num_plain, max_rank, torch.float32, cpu)
-    out = torch.full((batch.x.shape[0], max_rank), SENTINEL)
-    expected = naive_shrink(batch, out)
+    batch = make_batch(ranks, tokens_per_slot, num_plain, max_rank, slice_sizes, torch.float32, cpu)
+    out = torch.full(batch.shape, SENTINEL)
     reference.lora_shrink(batch.x, batch.lora_a, *batch.mapping, out)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, naive_shrink(batch), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("ranks", "tokens_per_slot", "num_plain", "max_rank"), CASE_PARAMS)
+@pytest.mark.parametrize(CASE_ARGS, CASE_PARAMS)
 @pytest.mark.parametrize("y_offset", [0, 24])
 def test_reference_expand_matches_per_token_loop(
-    ranks: list[int], tokens_per_slot: list[int], num_plain: int, max_rank: int, y_offset: int
+    ranks: list[list[int]],
+    tokens_per_slot: list[int],
+    num_plain: int,
+    max_rank: int,
+    slice_sizes: tuple[int, ...],
+    y_offset: int,
 ) -> None:
     cpu = torch.device("cpu")
-    batch = make_batch(ranks, tokens_per_slot, num_plain, max_rank, torch.float32, cpu)
-    lora_out = _shrunk(batch, max_rank)
-    y = torch.randn(batch.x.shape[0], OUT_DIM + 40)
+    batch = make_batch(ranks, tokens_per_slot, num_plain, max_rank, slice_sizes, torch.float32, cpu)
+    lora_out = _shrunk(batch)
+    y = _y(batch, torch.float32)
     expected = naive_expand(batch, lora_out, y, y_offset)
-    reference.lora_expand(lora_out, batch.lora_b, *batch.mapping, batch.scalings, y, y_offset)
+    args = (batch.scalings, y, y_offset, batch.slice_sizes)
+    reference.lora_expand(lora_out, batch.lora_b, *batch.mapping, *args)
     torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_reference_leaves_rows_without_adapter_untouched() -> None:
+def test_reference_zeroes_shrink_rows_and_leaves_y_rows_without_adapter() -> None:
+    """Shrink rows of no-adapter tokens and of rank-0 (slot, slice) pairs become 0; the expand
+    leaves those y columns untouched and changes every adapted one."""
     cpu = torch.device("cpu")
-    batch = make_batch([8, 0], [4, 3], 5, 8, torch.float32, cpu)
-    untouched = torch.tensor(batch.token_lora_slots.tolist()) != 0  # no adapter or empty slot
-    out = torch.full((batch.x.shape[0], 8), SENTINEL)
+    batch = make_batch([[8, 0], [0, 0]], [4, 3], 5, 8, (16, 8), torch.float32, cpu)
+    adapted = torch.tensor(batch.token_lora_slots.tolist()) == 0  # slot 0, slice 0 only
+    out = torch.full(batch.shape, SENTINEL)
     reference.lora_shrink(batch.x, batch.lora_a, *batch.mapping, out)
-    assert (out[untouched] == SENTINEL).all()
-    assert (out[~untouched] != SENTINEL).all()
-    y = torch.randn(batch.x.shape[0], OUT_DIM)
+    assert (out[0, ~adapted] == 0).all() and (out[1] == 0).all()
+    assert (out[0, adapted] != 0).all()
+    y = torch.randn(batch.x.shape[0], 24)
     y0 = y.clone()
-    reference.lora_expand(out, batch.lora_b, *batch.mapping, batch.scalings, y, 0)
-    assert torch.equal(y[untouched], y0[untouched])
-    assert not torch.isclose(y[~untouched], y0[~untouched]).any()
+    reference.lora_expand(out, batch.lora_b, *batch.mapping, batch.scalings, y, 0, (16, 8))
+    assert torch.equal(y[~adapted], y0[~adapted]) and torch.equal(y[:, 16:], y0[:, 16:])
+    assert not torch.isclose(y[adapted, :16], y0[adapted, :16]).any()
 
 
 # --- Triton vs reference ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("ranks", "tokens_per_slot", "num_plain", "max_rank"), CASE_PARAMS)
+@pytest.mark.parametrize(CASE_ARGS, CASE_PARAMS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("fp32_out", [True, False], ids=["out-fp32", "out-x-dtype"])
 def test_triton_shrink_matches_reference(
     triton_kernels: ModuleType,
     device: torch.device,
-    ranks: list[int],
+    shrink_tiles: str,
+    ranks: list[list[int]],
     tokens_per_slot: list[int],
     num_plain: int,
     max_rank: int,
+    slice_sizes: tuple[int, ...],
     dtype: torch.dtype,
-    fp32_out: bool,
 ) -> None:
-    batch = make_batch(ranks, tokens_per_slot, num_plain, max_rank, dtype, device)
-    out_dtype = torch.float32 if fp32_out else dtype
-    expected = torch.full((batch.x.shape[0], max_rank), SENTINEL, dtype=out_dtype, device=device)
+    batch = make_batch(ranks, tokens_per_slot, num_plain, max_rank, slice_sizes, dtype, device)
+    expected = torch.full(batch.shape, SENTINEL, device=device)
     actual = expected.clone()
     reference.lora_shrink(batch.x, batch.lora_a, *batch.mapping, expected)
     triton_kernels.lora_shrink(batch.x, batch.lora_a, *batch.mapping, actual)
     torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
 
 
-@pytest.mark.parametrize(("ranks", "tokens_per_slot", "num_plain", "max_rank"), CASE_PARAMS)
+@pytest.mark.parametrize(CASE_ARGS, CASE_PARAMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("y_offset", [0, 24])
 def test_triton_expand_matches_reference(
     triton_kernels: ModuleType,
     device: torch.device,
-    ranks: list[int],
+    ranks: list[list[int]],
     tokens_per_slot: list[int],
     num_plain: int,
     max_rank: int,
+    slice_sizes: tuple[int, ...],
     dtype: torch.dtype,
     y_offset: int,
 ) -> None:
-    batch = make_batch(ranks, tokens_per_slot, num_plain, max_rank, dtype, device)
-    lora_out = _shrunk(batch, max_rank)
-    expected = torch.randn(batch.x.shape[0], OUT_DIM + 40, device=device).to(dtype)
+    batch = make_batch(ranks, tokens_per_slot, num_plain, max_rank, slice_sizes, dtype, device)
+    lora_out = _shrunk(batch)
+    expected = _y(batch, dtype)
     actual = expected.clone()
-    reference.lora_expand(
-        lora_out, batch.lora_b, *batch.mapping, batch.scalings, expected, y_offset
-    )
-    triton_kernels.lora_expand(
-        lora_out, batch.lora_b, *batch.mapping, batch.scalings, actual, y_offset
-    )
+    args = (batch.scalings, y_offset, batch.slice_sizes)
+    reference.lora_expand(lora_out, batch.lora_b, *batch.mapping, args[0], expected, *args[1:])
+    triton_kernels.lora_expand(lora_out, batch.lora_b, *batch.mapping, args[0], actual, *args[1:])
     torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
+
+
+def test_triton_on_a_range_of_slices(triton_kernels: ModuleType, device: torch.device) -> None:
+    """Strided views of stacked weights (slices 1..2 of 3, as LoRABatch launches when slice 0
+    is not targeted): the launchers follow strides and offsets."""
+    sizes = (40, 24, 24)
+    batch = make_batch([[8, 8], [8, 4], [0, 16]], [5, 6], 2, 16, sizes, torch.float32, device)
+    lora_a, lora_b, ranks = batch.lora_a[:, 1:], batch.lora_b[:, 40:], batch.lora_ranks[1:]
+    mapping = (batch.sorted_token_ids, batch.slot_start_loc, ranks)
+    outs, ys = [], []
+    for impl in (reference, triton_kernels):
+        out = torch.full((2, batch.x.shape[0], 16), SENTINEL, device=device)
+        impl.lora_shrink(batch.x, lora_a, *mapping, out)
+        y = torch.ones(batch.x.shape[0], 100, device=device)
+        impl.lora_expand(out, lora_b, *mapping, batch.scalings, y, 40 + 3, sizes[1:])
+        outs.append(out)
+        ys.append(y)
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-2)
+    torch.testing.assert_close(ys[1], ys[0], atol=1e-4, rtol=1e-2)
+    assert not torch.equal(ys[0][:, 43:], torch.ones_like(ys[0][:, 43:]))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_shrink_then_expand_prefill_sized(
     triton_kernels: ModuleType, device: torch.device, dtype: torch.dtype
 ) -> None:
-    """Enough tokens for the prefill tile shape; the expand reads the shrink's own output."""
-    batch = make_batch([16, 8, 0], [300, 200, 10], 20, 16, dtype, device)
+    """Enough tokens for the prefill tile row; the expand reads the shrink's own output."""
+    sizes = (72, 24)
+    ranks = [[16, 8, 0], [4, 16, 0]]
+    batch = make_batch(ranks, [300, 200, 10], 20, 16, sizes, dtype, device)
     num_tokens = batch.x.shape[0]
-    for module in ("lora_shrink", "lora_expand"):
-        tiles = importlib.import_module(f"loraplex.kernels.triton.{module}")
-        assert num_tokens >= tiles.PREFILL_MIN_TOKENS
+    shrink = importlib.import_module("loraplex.kernels.triton.lora_shrink")
+    expand = importlib.import_module("loraplex.kernels.triton.lora_expand")
+    assert shrink.shrink_tiles(num_tokens) == shrink.SHRINK_TILES[-1][1]
+    assert expand.expand_tiles(num_tokens) == expand.EXPAND_TILES[-1][1]
     shrunk = {}
     ys = {}
     for name, impl in (("reference", reference), ("triton", triton_kernels)):
-        shrunk[name] = torch.zeros(num_tokens, 16, device=device)
+        shrunk[name] = torch.zeros(batch.shape, device=device)
         impl.lora_shrink(batch.x, batch.lora_a, *batch.mapping, shrunk[name])
-        ys[name] = torch.ones(num_tokens, OUT_DIM, device=device, dtype=dtype)
-        impl.lora_expand(shrunk[name], batch.lora_b, *batch.mapping, batch.scalings, ys[name], 0)
+        ys[name] = torch.ones(num_tokens, sum(sizes), device=device, dtype=dtype)
+        impl.lora_expand(
+            shrunk[name], batch.lora_b, *batch.mapping, batch.scalings, ys[name], 0, sizes
+        )
     torch.testing.assert_close(shrunk["triton"], shrunk["reference"], atol=ATOL[dtype], rtol=1e-2)
     torch.testing.assert_close(ys["triton"], ys["reference"], atol=ATOL[dtype], rtol=1e-2)
 
@@ -245,15 +322,23 @@ def test_triton_shrink_then_expand_prefill_sized(
 def test_triton_launchers_reject_bad_inputs(
     triton_kernels: ModuleType, device: torch.device
 ) -> None:
-    batch = make_batch([8], [3], 0, 8, torch.float32, device)
-    out = torch.zeros(3, 8, device=device)
+    batch = make_batch([[8], [8]], [3], 0, 8, (16, 16), torch.float32, device)
+    out = torch.zeros(batch.shape, device=device)
     with pytest.raises(ValueError, match="dtype"):
         triton_kernels.lora_shrink(batch.x.half(), batch.lora_a, *batch.mapping, out)
     with pytest.raises(ValueError, match="out must be"):
-        triton_kernels.lora_shrink(batch.x, batch.lora_a, *batch.mapping, out[:, :4])
+        triton_kernels.lora_shrink(batch.x, batch.lora_a, *batch.mapping, out[:1])
+    with pytest.raises(ValueError, match="float32"):
+        triton_kernels.lora_shrink(batch.x, batch.lora_a, *batch.mapping, out.half())
     with pytest.raises(ValueError, match="int32"):
         ids64 = batch.sorted_token_ids.long()
         triton_kernels.lora_shrink(batch.x, batch.lora_a, ids64, *batch.mapping[1:], out)
-    y = torch.zeros(3, OUT_DIM, device=device)
+    with pytest.raises(ValueError, match="lora_ranks"):
+        ranks = batch.lora_ranks[:1]
+        triton_kernels.lora_shrink(batch.x, batch.lora_a, *batch.mapping[:2], ranks, out)
+    y = torch.zeros(3, 32, device=device)
+    args = (*batch.mapping, batch.scalings, y)
     with pytest.raises(ValueError, match="y_offset"):
-        triton_kernels.lora_expand(out, batch.lora_b, *batch.mapping, batch.scalings, y, 1)
+        triton_kernels.lora_expand(out, batch.lora_b, *args, 1, (16, 16))
+    with pytest.raises(ValueError, match="slice sizes"):
+        triton_kernels.lora_expand(out, batch.lora_b, *args, 0, (16, 8))
