@@ -8,8 +8,8 @@ from torch import nn
 from loraplex.engine.model.forward_context import ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.linear import MergedLinear
-from loraplex.engine.model.rotary import apply_rotary
 from loraplex.kernels import paged_attention, reshape_and_cache
+from loraplex.kernels.fused_ops import apply_rotary_pos_emb
 
 
 class Attention(nn.Module):
@@ -37,8 +37,9 @@ class Attention(nn.Module):
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden, ctx)  # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        # Strided views of qkv in; new contiguous [T, heads, head_dim] tensors out.
+        q, k = apply_rotary_pos_emb(q.view(num_tokens, self.num_heads, self.head_dim),
+                                    k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous()
         key_cache, value_cache = ctx.kv_caches[self.layer_idx]
         attn = ctx.attn

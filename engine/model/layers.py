@@ -1,14 +1,24 @@
-"""Small layers of the Llama-family decoder: RMSNorm and the SwiGLU activation."""
+"""Small layers of the Llama-family decoder: RMSNorm (with the fused residual add) and SwiGLU.
+
+The math lives in `loraplex.kernels.fused_ops` (Triton on CUDA, the HF-exact reference on CPU).
+"""
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from loraplex.kernels.fused_ops import fused_add_rms_norm, rms_norm, silu_and_mul
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm as Hugging Face computes it: normalize in float32, cast back, then scale."""
+    """RMSNorm as Hugging Face computes it: normalize in float32, cast back, then scale.
+
+    Called with a residual it first adds it (vLLM's fused_add_rms_norm):
+    `norm(x, residual) -> (norm(x + residual), x + residual)`, one kernel on CUDA.
+    """
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype,
                  device: torch.device) -> None:
@@ -17,13 +27,19 @@ class RMSNorm(nn.Module):
                                    requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]"""
-        input_dtype = x.dtype
-        h = x.to(torch.float32)
-        variance = h.pow(2).mean(-1, keepdim=True)
-        h = h * torch.rsqrt(variance + self.eps)
-        return self.weight * h.to(input_dtype)
+    @overload
+    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, x: torch.Tensor, residual: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x, residual [T, hidden] -> normed [T, hidden], or (normed, x + residual)"""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class SiluAndMul(nn.Module):
@@ -31,5 +47,4 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, 2 * intermediate] -> [T, intermediate]"""
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return silu_and_mul(x)

@@ -44,11 +44,20 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
         self.mlp = MLP(arch, layer_idx, dtype, device)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
-        """hidden [T, hidden_size] -> [T, hidden_size]"""
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, ctx)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden), ctx)
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden, residual [T, hidden_size] -> (mlp output, residual stream before it).
+
+        The residual adds are deferred into the next norm (vLLM's layout): the stream after
+        this layer is `hidden + residual` of the returned pair. `residual` is None for layer 0.
+        """
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, cos, sin, ctx)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden, ctx), residual
 
 
 class LlamaModel(nn.Module):
@@ -67,9 +76,12 @@ class LlamaModel(nn.Module):
         """input_ids, positions [T] int64 -> final hidden states [T, hidden_size]"""
         hidden = self.embed_tokens(input_ids)  # [T, hidden_size]
         cos, sin = self.rotary_emb(positions, hidden.dtype)  # [T, head_dim] each
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, ctx)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, cos, sin, ctx)
+        if residual is None:
+            return self.norm(hidden)
+        return self.norm(hidden, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -3,6 +3,8 @@
 Numerics follow Hugging Face transformers exactly: `inv_freq` in float32, angles
 `position * inv_freq` in float32, the "rotate_half" layout (the two halves of a head are the
 real and imaginary parts), cos/sin cast to the activation dtype before they are applied.
+`RotaryEmbedding` computes cos/sin once per step; each attention layer applies them with
+`loraplex.kernels.fused_ops.apply_rotary_pos_emb`.
 """
 
 from __future__ import annotations
@@ -97,13 +99,3 @@ class RotaryEmbedding(nn.Module):
         sin = emb.sin() * self.attention_scaling
         return cos.to(dtype), sin.to(dtype)
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, num_heads, head_dim]; cos, sin [T, head_dim] -> rotated x, same shape."""
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return (x * cos) + (_rotate_half(x) * sin)

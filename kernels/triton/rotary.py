@@ -1,0 +1,167 @@
+"""Rotary position embedding (RoPE) applied to q and k in one Triton launch.
+
+Method: RoPE (Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary Position
+Embedding") in the "rotate_half" (GPT-NeoX / HF Llama) layout: the two halves of a head are
+the real and imaginary parts, so with x = [x1 | x2] and cos = [c1 | c2], sin = [s1 | s2]:
+
+    out = [x1 * c1 - x2 * s1  |  x2 * c2 + x1 * s2]
+
+One program per token loads that token's cos/sin row once and rotates all its query heads,
+then all its key heads ([heads, head_dim / 2] tiles). Replaces the reference's cat / neg / mul
+/ add kernels per tensor. Each product is rounded to the dtype before the add, as the
+reference's separate ops round.
+
+Out of place, into new contiguous [T, H, D] tensors: q and k arrive as strided views of the
+fused qkv output, and attention and the KV-cache write want them contiguous, so writing fresh
+tensors costs nothing extra and leaves qkv untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+NUM_WARPS = 4
+
+
+@triton.jit
+def _rotate_heads(  # type: ignore[no-untyped-def]
+    src_ptr,
+    dst_ptr,
+    stride_h,
+    c1,
+    c2,
+    s1,
+    s2,
+    NUM_HEADS: tl.constexpr,
+    HALF_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+):
+    # src_ptr/dst_ptr point at this token's row; dst rows are contiguous [NUM_HEADS, 2 * HALF].
+    dtype = dst_ptr.dtype.element_ty
+    offs_h = tl.arange(0, HEADS_PAD)
+    offs_d = tl.arange(0, HALF_PAD)
+    mask = (offs_h < NUM_HEADS)[:, None] & (offs_d < HALF_DIM)[None, :]
+    src = src_ptr + offs_h[:, None] * stride_h + offs_d[None, :]
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF_DIM, mask=mask, other=0.0).to(tl.float32)
+    out1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
+    out2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
+    dst = dst_ptr + offs_h[:, None] * (2 * HALF_DIM) + offs_d[None, :]
+    tl.store(dst, out1.to(dtype), mask=mask)
+    tl.store(dst + HALF_DIM, out2.to(dtype), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(  # type: ignore[no-untyped-def]
+    q_ptr,
+    k_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cos,
+    stride_sin,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HALF_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    KV_HEADS_PAD: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    offs_d = tl.arange(0, HALF_PAD)
+    mask_d = offs_d < HALF_DIM
+    cos_row = cos_ptr + token * stride_cos + offs_d
+    sin_row = sin_ptr + token * stride_sin + offs_d
+    c1 = tl.load(cos_row, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    c2 = tl.load(cos_row + HALF_DIM, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    s1 = tl.load(sin_row, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    s2 = tl.load(sin_row + HALF_DIM, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    _rotate_heads(
+        q_ptr + token * stride_qt,
+        q_out_ptr + token * (NUM_HEADS * 2 * HALF_DIM),
+        stride_qh,
+        c1,
+        c2,
+        s1,
+        s2,
+        NUM_HEADS,
+        HALF_DIM,
+        HEADS_PAD,
+        HALF_PAD,
+    )
+    _rotate_heads(
+        k_ptr + token * stride_kt,
+        k_out_ptr + token * (NUM_KV_HEADS * 2 * HALF_DIM),
+        stride_kh,
+        c1,
+        c2,
+        s1,
+        s2,
+        NUM_KV_HEADS,
+        HALF_DIM,
+        KV_HEADS_PAD,
+        HALF_PAD,
+    )
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"apply_rotary_pos_emb: {msg}")
+
+
+def apply_rotary_pos_emb(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    cos: torch.Tensor,  # [num_tokens, head_dim]
+    sin: torch.Tensor,  # [num_tokens, head_dim]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated (q, k) as new contiguous tensors; q and k may be strided views."""
+    _check(q.dim() == 3 and k.dim() == 3, "q and k must be [num_tokens, heads, head_dim]")
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    _check(k.shape == (num_tokens, num_kv_heads, head_dim), "k must match q's tokens/head_dim")
+    _check(head_dim % 2 == 0, f"head_dim must be even, got {head_dim}")
+    _check(
+        cos.shape == (num_tokens, head_dim) and sin.shape == cos.shape,
+        "cos and sin must be [num_tokens, head_dim]",
+    )
+    _check(q.dtype == k.dtype == cos.dtype == sin.dtype, "q, k, cos, sin must share one dtype")
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        _check(t.stride(-1) == 1, f"{name} needs a contiguous last dim")
+    _check(len({t.device for t in (q, k, cos, sin)}) == 1, "all tensors must be on one device")
+
+    q_out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((num_tokens, num_kv_heads, head_dim), dtype=k.dtype, device=k.device)
+    if num_tokens == 0:
+        return q_out, k_out
+    half = head_dim // 2
+    _rotary_kernel[(num_tokens,)](
+        q,
+        k,
+        cos,
+        sin,
+        q_out,
+        k_out,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cos.stride(0),
+        sin.stride(0),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HALF_DIM=half,
+        HEADS_PAD=triton.next_power_of_2(num_heads),
+        KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+        HALF_PAD=triton.next_power_of_2(half),
+        num_warps=NUM_WARPS,
+    )
+    return q_out, k_out
