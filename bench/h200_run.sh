@@ -15,6 +15,11 @@ for step in $steps; do
     env) nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
          python3 -c "import torch, triton, transformers, peft; print(torch.__version__, triton.__version__, transformers.__version__, peft.__version__)";;
     kernels) timeout 180 python3 bench/kernels_check.py 2>&1 | tee "$OUT/kernels.txt";;
+    fused) timeout 120 python3 bench/fused_ops_check.py 2>&1 | tee "$OUT/fused_ops.txt";;
+    prio) timeout 240 python3 bench/priority_latency.py --shape llama3-8b --device cuda \
+            --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
+            --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
+            | tee "$OUT/priority.txt";;
     kernel-tests) timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt";;
     engine) timeout 240 python3 bench/gpu_engine_check.py --json "$OUT/engine_check.json" 2>&1 | grep -v Loading | tee "$OUT/engine_check.txt";;
     tput) timeout 300 python3 bench/offline_throughput.py --shape llama3-8b --device cuda \
