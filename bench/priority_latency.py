@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import sys
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch  # noqa: E402
 from workload import synthetic_prompts, write_shape_checkpoint  # noqa: E402
 
 from loraplex.engine import AsyncEngine, SamplingParams  # noqa: E402
@@ -98,13 +100,13 @@ def main() -> None:
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     results = {"model": args.shape or str(model_dir), "device": args.device, "args": vars(args)}
     for policy in ("priority", "fcfs"):
-        engine = AsyncEngine.from_engine_args(
-            str(model_dir), device=args.device, dtype=dtype, scheduling_policy=policy,
-            max_num_seqs=args.max_num_seqs, preemption_mode=args.preemption_mode,
-            load_format="dummy" if args.shape else "auto", enable_lora=False,
-            gpu_memory_utilization=0.6)
 
-        async def go(engine: AsyncEngine = engine) -> dict:
+        async def go(policy: str = policy) -> dict:
+            engine = AsyncEngine.from_engine_args(
+                str(model_dir), device=args.device, dtype=dtype, scheduling_policy=policy,
+                max_num_seqs=args.max_num_seqs, preemption_mode=args.preemption_mode,
+                load_format="dummy" if args.shape else "auto", enable_lora=False,
+                gpu_memory_utilization=0.45)
             await engine.start()
             try:
                 return await run(engine, args, vocab)
@@ -112,12 +114,14 @@ def main() -> None:
                 await engine.shutdown()
 
         r = asyncio.run(go())
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
         results[policy] = r
         print(f"{policy:8s}: interactive TTFT p50 {r['ttft_p50_s'] * 1000:8.1f} ms, "
               f"p90 {r['ttft_p90_s'] * 1000:8.1f} ms, max {r['ttft_max_s'] * 1000:8.1f} ms; "
               f"throughput {r['output_tok_s']:8.1f} output tok/s; "
               f"preemptions {r['preemptions']}", flush=True)
-        del engine
     ratio = results["fcfs"]["ttft_p50_s"] / results["priority"]["ttft_p50_s"]
     print(f"priority cuts the interactive median TTFT {ratio:.1f}x; throughput ratio "
           f"{results['priority']['output_tok_s'] / results['fcfs']['output_tok_s']:.2f}")
