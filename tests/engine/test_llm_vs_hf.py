@@ -61,3 +61,19 @@ def test_greedy_matches_hf(checkpoint, engine_kwargs):
         assert by_mode["swap"] > 0
     if engine_kwargs.get("preemption_mode") == "recompute" or "swap_space_gb" in engine_kwargs:
         assert by_mode["recompute"] > 0
+
+
+def test_smollm2_batch_matches_hf_under_chunking_and_preemption(smollm2_checkpoint):
+    """The real demo model: a batch of different lengths, chunked prefill and preemption."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint)
+    texts = ["The capital of France is", "Once upon a time, in a small village by the sea,",
+             "def fibonacci(n):"]
+    prompts = [tokenizer(t).input_ids for t in texts]
+    expected = hf_greedy(smollm2_checkpoint, prompts, MAX_TOKENS)
+    llm = LLM(str(smollm2_checkpoint), device="cpu", dtype="float32", block_size=4,
+              num_kv_blocks=8, max_num_batched_tokens=6)
+    assert run_engine(llm, prompts) == expected
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.tokenizer.decode(expected[0]).startswith(" Paris")
