@@ -161,7 +161,12 @@ async def test_chat_completions(server: Platform) -> None:
     text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks[1:-2])
     assert text == message["content"]
     assert chunks[-3]["choices"][0]["finish_reason"] == "length"
-    assert chunks[-2]["choices"] == [] and chunks[-2]["usage"] == out["usage"]
+    assert chunks[-2]["choices"] == []
+    streamed_usage = dict(chunks[-2]["usage"])
+    # The same prompt again: its full blocks now come from the prefix cache.
+    assert streamed_usage.pop("prompt_tokens_details")["cached_tokens"] > 0
+    assert streamed_usage == {k: v for k, v in out["usage"].items()
+                              if k != "prompt_tokens_details"}
 
     r = await c.post(
         "/v1/chat/completions",
