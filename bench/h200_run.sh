@@ -22,7 +22,7 @@ for step in $steps; do
             | tee "$OUT/priority.txt";;
     kernel-tests) timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt";;
     engine) timeout 240 python3 bench/gpu_engine_check.py --json "$OUT/engine_check.json" 2>&1 | grep -v Loading | tee "$OUT/engine_check.txt";;
-    tput) timeout 300 python3 bench/offline_throughput.py --shape llama3-8b --device cuda \
+    tput) timeout 420 python3 bench/offline_throughput.py --shape llama3-8b --device cuda \
             --num-prompts 64 --min-prompt 512 --max-prompt 512 --output-len 128 \
             --hf-batch-size 32 --adapters "${ADAPTERS:-0,1,8}" --json "$OUT/throughput.json" ${TPUT_ARGS:-} 2>&1 \
             | grep -v Loading | tee "$OUT/throughput.txt";;
