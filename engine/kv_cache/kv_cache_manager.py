@@ -61,9 +61,12 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.num_prefix_queried_tokens += request.num_tokens
-        self.num_prefix_hit_tokens += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
+
+    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's lookup (once, however often admission was retried)."""
+        self.num_prefix_queried_tokens += num_tokens
+        self.num_prefix_hit_tokens += num_hit_tokens
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        computed_blocks: list[KVCacheBlock] | None = None) -> bool:

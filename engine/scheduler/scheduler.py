@@ -223,8 +223,9 @@ class Scheduler:
             if not kv.allocate_slots(request, num_new, computed_blocks):
                 return False
             request.num_computed_tokens += num_cached
-            if request.num_preemptions == 0:
+            if request.num_preemptions == 0 and kv.enable_caching:
                 request.num_cached_tokens = num_cached
+                kv.record_prefix_lookup(request.num_tokens, num_cached)
         self.waiting.remove(request)
         self.running.append(request)
         request.status = RequestStatus.RUNNING
