@@ -9,41 +9,56 @@ Run on a CUDA machine from the repo root, after `pip install -e . --no-deps` (th
    128, block_size 16): paged attention (mixed prefill chunks + decode, decode only, sliding
    window), reshape_and_cache, and the fused (multi-slice, split-K) lora_shrink / lora_expand
    for each slice group of a layer (qkv, o, gate_up, down) over 8 adapters of rank 8/16/64
-   (one empty slot, one at half rank, one without its second slice) at T in {1, 32, 256, 2048};
-   Triton vs reference, max abs error and PASS/FAIL.
+   (one empty slot, one at half rank, one without its second slice) at T in {1, 32, 256, 2048},
+   and the one-launch lora_shrink_expand at the decode sizes; Triton vs reference, max abs
+   error and PASS/FAIL.
 2. CUDA graphs: a captured launch replayed with a different batch mapping / ranks / sequence
    lengths (same shapes) must still match the reference (the grids depend on shapes only); the
-   captured shrink memset must zero its buffer again.
-3. Timings (triton.testing.do_bench): paged attention decode (batch 32/64, context 640) and
-   prefill (4 x 512); the 4 fused shrinks + 4 fused expands of one layer (8 adapters, rank 16)
-   at T = 32/64/256, eager and replayed as a CUDA graph, beside the base GEMMs of that layer,
-   and their ratio; then 3 candidate decode tile rows each for the shrink and the expand
-   (graph-replayed, T = 32/64), to pick `SHRINK_TILES` / `EXPAND_TILES`' decode rows.
+   captured shrink memset must zero its buffer again. lora_shrink_expand (whose expand programs
+   wait on its shrink programs' signals) is replayed 200 times, every result checked.
+3. Timings (triton.testing.do_bench, L2 flushed before each run): paged attention decode (batch
+   32/64, context 640) and prefill (4 x 512). Then LoRA at decode as the engine runs it: a
+   32-layer Llama-3-8B LoRASlots (8 adapters x rank 16 on every module; max_lora_rank 16, as in
+   bench/offline_throughput.py, and 64, the engine's default) driven through LoRABatch, each
+   launch plan / grid / tile variant (`variants()`) checked against the reference on layer 0,
+   then timed as CUDA graphs of all 32 layers: 'lora' = the LoRA launches alone, 'step' = (base
+   GEMMs + LoRA) - (base GEMMs), both per layer, at T = 32/64 (decode: every variant) and
+   256/2048 (prefill sizes, where the plans coincide: legacy vs current launches). The
+   overlapped-shrink variant calls begin / GEMM / finish as MergedLinear would. Then candidate
+   decode tiles for the shrink, the expand and the fused kernel (lora graphs, T = 64). Each
+   table ends with the best variant or tiles.
 
 Prints everything to stdout; writes a JSON summary to $OUT/kernels.json when OUT is set. Exits 1
-if any check fails. Takes well under 2 minutes on an H100/H200.
+if any check fails (a variant that fails its check is reported and not timed). Budget: well
+under the 180 s that bench/h200_run.sh gives the step (most of it Triton compiles).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from loraplex.engine.lora.lora_batch import LoRABatch, LoRAKernelPlan
+from loraplex.engine.lora.lora_slots import SLICE_GROUPS, LoRASlots
 from loraplex.kernels import reference
 from loraplex.kernels.lora_mapping import build_lora_mapping
 from loraplex.kernels.reference import lora as reference_lora
 
 # Llama-3-8B
+NUM_LAYERS = 32
 HIDDEN = 4096
 INTERMEDIATE = 14336
 NUM_HEADS = 32
@@ -68,11 +83,15 @@ DEVICE = torch.device("cuda")
 results: dict[str, Any] = {"correctness": [], "cuda_graphs": [], "timings": {}}
 
 
-def report(section: str, name: str, actual: torch.Tensor, expected: torch.Tensor) -> bool:
+def report(
+    section: str, name: str, actual: torch.Tensor, expected: torch.Tensor, quiet: bool = False
+) -> bool:
+    """Record (and print, unless quiet and passing) a Triton-vs-reference comparison."""
     err = (actual.float() - expected.float()).abs()
     max_err = float(err.nan_to_num(float("inf")).max()) if err.numel() else 0.0
     ok = bool(torch.allclose(actual.float(), expected.float(), atol=ATOL, rtol=RTOL))
-    print(f"  {'PASS' if ok else 'FAIL'}  {name:<58} max abs err {max_err:.3e}")
+    if not (ok and quiet):
+        print(f"  {'PASS' if ok else 'FAIL'}  {name:<58} max abs err {max_err:.3e}")
     results[section].append({"name": name, "max_abs_err": max_err, "pass": ok})
     return ok
 
@@ -198,7 +217,18 @@ def check_lora(tk: Any) -> bool:
                 reference_lora.lora_expand(shrunk["ref"], lora_b, *args, y_ref, 128, sizes)
                 tk.lora_expand(shrunk["ref"], lora_b, *args, y_tri, 128, sizes)
                 ok &= report("correctness", f"lora_expand {label} (y_offset 128)", y_tri, y_ref)
+                if num_tokens <= 64:  # decode: the one-launch shrink + expand
+                    y_fused = y0.clone()
+                    lora_out = torch.zeros_like(shrunk["ref"])
+                    counters = torch.zeros_like(ranks)
+                    fused_args = (*args, y_fused, 128, sizes, lora_out, counters)
+                    fused().lora_shrink_expand(x, lora_a, lora_b, *fused_args)
+                    ok &= report("correctness", f"lora_shrink_expand {label}", y_fused, y_ref)
     return ok
+
+
+def fused() -> Any:
+    return importlib.import_module("loraplex.kernels.triton.lora_shrink_expand")
 
 
 # --- 2. CUDA graphs -----------------------------------------------------------------------------
@@ -253,6 +283,8 @@ def check_cuda_graphs(tk: Any) -> bool:
         "cuda_graphs", "lora fused qkv shrink+expand, new mapping and ranks", y, expected_y
     )
 
+    ok &= check_fused_replays(x, lora_a, lora_b, ids, loc, ranks, scalings, sizes)
+
     seq_lens = [640 + 3 * i for i in range(32)]
     args = paged_inputs([n + 200 for n in seq_lens], [1] * 32)  # blocks for longer sequences
     scale = HEAD_DIM**-0.5
@@ -262,6 +294,50 @@ def check_cuda_graphs(tk: Any) -> bool:
     graph.replay()
     expected = reference.paged_attention(*args, scale)
     ok &= report("cuda_graphs", "paged_attention decode, new seq_lens", out, expected)
+    return ok
+
+
+def check_fused_replays(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    ids: torch.Tensor,
+    loc: torch.Tensor,
+    ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    sizes: tuple[int, ...],
+) -> bool:
+    """lora_shrink_expand in a graph (with the zeroing of its buffers), replayed with a new
+    mapping, then 200 times more: a missed signal or a stale read shows as a wrong replay."""
+    num_tokens, rank = x.shape[0], lora_a.shape[2]
+    lora_out = torch.zeros(len(sizes), num_tokens, rank, device=DEVICE)
+    counters = torch.zeros_like(ranks)
+    y0 = torch.randn(num_tokens, sum(sizes), device=DEVICE, dtype=DTYPE)
+    y = y0.clone()
+
+    def step() -> None:
+        y.copy_(y0)
+        lora_out.zero_()
+        counters.zero_()
+        fused().lora_shrink_expand(
+            x, lora_a, lora_b, ids, loc, ranks, scalings, y, 0, sizes, lora_out, counters
+        )
+
+    graph, _ = capture(step)
+    ids.copy_(ids.flip(0))  # same segments, other tokens
+    ranks[1, 3] = 8
+    graph.replay()
+    expected = y0.clone()
+    expected_out = torch.zeros_like(lora_out)
+    reference_lora.lora_shrink(x, lora_a, ids, loc, ranks, expected_out)
+    reference_lora.lora_expand(expected_out, lora_b, ids, loc, ranks, scalings, expected, 0, sizes)
+    ok = report("cuda_graphs", "lora_shrink_expand qkv, new mapping and ranks", y, expected)
+    worst = expected.clone()  # per element, the replayed value farthest from the expected one
+    for _ in range(200):
+        graph.replay()
+        farther = (y.float() - expected.float()).abs() > (worst.float() - expected.float()).abs()
+        worst = torch.where(farther, y, worst)
+    ok &= report("cuda_graphs", "lora_shrink_expand qkv, 200 replays (worst)", worst, expected)
     return ok
 
 
@@ -291,136 +367,325 @@ def time_paged_attention(tk: Any) -> None:
     results["timings"]["paged_attention_prefill_4x512_us"] = ms * 1e3
 
 
-def lora_layer_fns(tk: Any, num_tokens: int, rank: int) -> dict[str, Callable[[], None]]:
-    """Closures running one layer's fused LoRA shrinks, expands, both, and the base GEMMs."""
-    weights = {}
-    for name, (in_dim, sizes) in LORA_GROUPS.items():
-        lora_a, lora_b, _ = lora_group(rank, in_dim, sizes)
-        ranks = torch.full((len(sizes), MAX_LORAS), rank, dtype=torch.int32, device=DEVICE)
-        weights[name] = (lora_a, lora_b, ranks)
-    base = {n: torch.randn(o, i, device=DEVICE, dtype=DTYPE) for n, (i, o) in FUSED.items()}
-    scalings = torch.ones(MAX_LORAS, device=DEVICE)
-    slots = torch.arange(num_tokens, device=DEVICE) % MAX_LORAS  # every adapter busy
-    ids, loc = build_lora_mapping(slots, MAX_LORAS)
-    inputs = {
-        n: torch.randn(num_tokens, i, device=DEVICE, dtype=DTYPE) for n, (i, _) in FUSED.items()
-    }
-    outputs = {
-        n: torch.zeros(num_tokens, o, device=DEVICE, dtype=DTYPE) for n, (_, o) in FUSED.items()
-    }
-    shrunk = {
-        n: torch.zeros(len(sizes), num_tokens, rank, device=DEVICE)
-        for n, (_, sizes) in LORA_GROUPS.items()
-    }
-
-    def shrink() -> None:
-        for name, (lora_a, _, ranks) in weights.items():
-            tk.lora_shrink(inputs[name], lora_a, ids, loc, ranks, shrunk[name])
-
-    def expand() -> None:
-        for name, (_, lora_b, ranks) in weights.items():
-            sizes = LORA_GROUPS[name][1]
-            tk.lora_expand(shrunk[name], lora_b, ids, loc, ranks, scalings, outputs[name], 0, sizes)
-
-    def lora() -> None:
-        shrink()
-        expand()
-
-    def base_gemms() -> None:
-        for name, w in base.items():
-            torch.matmul(inputs[name], w.T, out=outputs[name])
-
-    return {"shrink": shrink, "expand": expand, "lora": lora, "base": base_gemms}
-
-
 def graph_us(fn: Callable[[], Any]) -> float:
     graph, _ = capture(fn)
     return bench_ms(graph.replay) * 1e3
 
 
+# --- 3b. LoRA at decode: launch plans, grids and tiles on a 32-layer model ---------------------
+
+ADAPTER_RANK = 16
+DECODE_TOKENS = (32, 64)
+PREFILL_TOKENS = (256, 2048)  # plans differ only at decode: legacy vs current launches only
+PREFILL_VARIANTS = ("legacy: memset/launch, slot grid", "step workspace")
+STORAGE_RANKS = (16, 64)  # max_lora_rank: offline_throughput.py's, the engine's default
+
+
+@dataclass(frozen=True)
+class Llama3Arch:
+    """engine/lora/adapter.py's ArchLike for Llama-3-8B."""
+
+    model_type: str = "llama"
+    hidden_size: int = HIDDEN
+    intermediate_size: int = INTERMEDIATE
+    num_hidden_layers: int = NUM_LAYERS
+    num_attention_heads: int = NUM_HEADS
+    num_key_value_heads: int = NUM_KV_HEADS
+    head_dim: int = HEAD_DIM
+
+
+def create_lora_slots(max_lora_rank: int) -> LoRASlots:
+    """Every slot holds a rank-16 adapter on all 7 modules of all 32 layers. Random weights are
+    written straight into the stacked storage (LoRASlots.load would copy 8 x 32 x 7 CPU pairs)."""
+    slots = LoRASlots(Llama3Arch(), MAX_LORAS, max_lora_rank, DTYPE, DEVICE)
+    for group in slots.groups.values():
+        in_dim = group.lora_a.shape[-1]
+        group.lora_a[:, :, :, :ADAPTER_RANK].normal_(0.0, in_dim**-0.5)
+        group.lora_b[..., :ADAPTER_RANK].normal_(0.0, ADAPTER_RANK**-0.5)
+        group.ranks.fill_(ADAPTER_RANK)
+    slots.scalings.fill_(1.0)
+    for module in slots.host_ranks:
+        slots.host_ranks[module] = [ADAPTER_RANK] * MAX_LORAS
+    return slots
+
+
+class DecodeStep:
+    """The 4 adaptable projections of every layer of a decode step of `num_tokens` tokens (round
+    robin over the 8 adapters), run as MergedLinear runs them: base GEMM, then LoRABatch.apply;
+    or begin, GEMM, finish when the plan overlaps the shrink with the GEMM."""
+
+    def __init__(self, slots: LoRASlots, num_tokens: int, base: list[dict[Any, torch.Tensor]]):
+        self.slots = slots
+        self.base = base  # per layer: fused projection weight [out, in] per slice group
+        token_slots = torch.arange(num_tokens, device=DEVICE) % MAX_LORAS
+        self.ids, self.loc = build_lora_mapping(token_slots, MAX_LORAS)
+        self.x, self.y = {}, {}
+        for names, group in slots.groups.items():
+            in_dim = group.lora_a.shape[-1]
+            self.x[names] = torch.randn(num_tokens, in_dim, device=DEVICE, dtype=DTYPE)
+            self.y[names] = torch.zeros(
+                num_tokens, sum(group.slice_sizes), device=DEVICE, dtype=DTYPE
+            )
+
+    def run(
+        self, plan: LoRAKernelPlan | None, with_base: bool, num_layers: int | None = None
+    ) -> None:
+        batch = None
+        if plan is not None:
+            modules = set(self.slots.module_shapes)
+            batch = LoRABatch(self.slots, self.ids, self.loc, modules, plan)
+        for layer in range(num_layers or NUM_LAYERS):
+            for names, group in self.slots.groups.items():
+                x, y, sizes = self.x[names], self.y[names], group.slice_sizes
+                if batch is not None and batch.plan.overlap_shrink:
+                    shrunk = batch.begin(layer, names, sizes, x)
+                    if with_base:
+                        torch.matmul(x, self.base[layer][names].T, out=y)
+                    batch.finish(shrunk, y)
+                    continue
+                if with_base:
+                    torch.matmul(x, self.base[layer][names].T, out=y)
+                if batch is not None:
+                    batch.apply(layer, names, sizes, x, y)
+
+    def check(self, plan: LoRAKernelPlan, label: str) -> bool:
+        """Layer 0's deltas, from y = 0, against the reference kernels."""
+        ok = True
+        for y in self.y.values():
+            y.zero_()
+        self.run(plan, with_base=False, num_layers=1)
+        for names, group in self.slots.groups.items():
+            lora_out = torch.zeros(
+                len(names), self.ids.shape[0], self.slots.max_lora_rank, device=DEVICE
+            )
+            mapping = (self.ids, self.loc, group.ranks)
+            reference_lora.lora_shrink(self.x[names], group.lora_a[0], *mapping, lora_out)
+            expected = torch.zeros_like(self.y[names])
+            args = (self.slots.scalings, expected, 0, group.slice_sizes)
+            reference_lora.lora_expand(lora_out, group.lora_b[0], *mapping, *args)
+            name = f"{label} {'_'.join(names)}"
+            ok &= report("correctness", name, self.y[names], expected, quiet=True)
+        return ok
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A launch plan plus the kernel knobs it runs with (None: the module's default)."""
+
+    name: str
+    plan: LoRAKernelPlan
+    compact_grid: bool = True
+    shrink: Any = None  # ShrinkTiles for the decode row
+    expand: Any = None  # ExpandTiles for the decode row
+    fused: Any = None  # FusedTiles
+
+
+def shrink_module() -> Any:
+    return importlib.import_module("loraplex.kernels.triton.lora_shrink")
+
+
+def expand_module() -> Any:
+    return importlib.import_module("loraplex.kernels.triton.lora_expand")
+
+
 @contextlib.contextmanager
-def decode_tiles(shrink: Any = None, expand: Any = None) -> Iterator[None]:
-    """Swap the decode row (<= 64 tokens) of the launchers' tile tables while inside."""
-    shrink_mod: Any = importlib.import_module("loraplex.kernels.triton.lora_shrink")
-    expand_mod: Any = importlib.import_module("loraplex.kernels.triton.lora_expand")
-    saved = shrink_mod.SHRINK_TILES, expand_mod.EXPAND_TILES
-    if shrink is not None:
-        shrink_mod.SHRINK_TILES = ((saved[0][0][0], shrink), *saved[0][1:])
-    if expand is not None:
-        expand_mod.EXPAND_TILES = ((saved[1][0][0], expand), *saved[1][1:])
+def using(variant: Variant) -> Iterator[None]:
+    """Set the kernels' module-level knobs to the variant's while inside."""
+    sm, em, fm = shrink_module(), expand_module(), fused()
+    saved = sm.COMPACT_GRID, sm.SHRINK_TILES, em.EXPAND_TILES, fm.FUSED_TILES
+    sm.COMPACT_GRID = variant.compact_grid
+    if variant.shrink is not None:
+        sm.SHRINK_TILES = ((saved[1][0][0], variant.shrink), *saved[1][1:])
+    if variant.expand is not None:
+        em.EXPAND_TILES = ((saved[2][0][0], variant.expand), *saved[2][1:])
+    if variant.fused is not None:
+        fm.FUSED_TILES = variant.fused
     try:
         yield
     finally:
-        shrink_mod.SHRINK_TILES, expand_mod.EXPAND_TILES = saved
+        sm.COMPACT_GRID, sm.SHRINK_TILES, em.EXPAND_TILES, fm.FUSED_TILES = saved
 
 
-def time_lora_layer(tk: Any) -> None:
-    print("LoRA (4 slice groups: 1 fused shrink + 1 fused expand each) vs base GEMMs, one")
+def variants() -> list[Variant]:
+    sm, em = shrink_module(), expand_module()
+    # The launch structure before the step workspace and segment tiles: a memset per shrink,
+    # a (token tile x slot) grid, rank tiles as wide as max_lora_rank.
+    legacy_shrink = dataclasses.replace(sm.SHRINK_TILES[0][1], max_block_n=64)
+    legacy_expand = dataclasses.replace(em.EXPAND_TILES[0][1], max_block_k=64)
+    workspace = LoRAKernelPlan(step_workspace=True)
+    return [
+        Variant(
+            "legacy: memset/launch, slot grid",
+            LoRAKernelPlan(step_workspace=False),
+            compact_grid=False,
+            shrink=legacy_shrink,
+            expand=legacy_expand,
+        ),
+        Variant("memset/launch", LoRAKernelPlan(step_workspace=False)),
+        Variant("step workspace, slot grid", workspace, compact_grid=False),
+        Variant("step workspace", workspace),
+        Variant("step workspace + fused", LoRAKernelPlan(step_workspace=True, fused_max_tokens=64)),
+        Variant(
+            "step workspace + overlapped shrink",
+            LoRAKernelPlan(step_workspace=True, overlap_shrink=True),
+        ),
+    ]
+
+
+def tile_candidates() -> dict[str, list[Variant]]:
+    """Decode-row candidates per kernel, each on the plan that uses that kernel."""
+    sm, em, fm = shrink_module(), expand_module(), fused()
+    workspace = LoRAKernelPlan(step_workspace=True)
+    fused_plan = LoRAKernelPlan(step_workspace=True, fused_max_tokens=64)
+    shrinks = [
+        sm.ShrinkTiles(16, block_k=128, k_chunk=512, max_block_n=16, num_warps=4, num_stages=2),
+        sm.ShrinkTiles(16, block_k=64, k_chunk=256, max_block_n=16, num_warps=4, num_stages=2),
+        sm.ShrinkTiles(16, block_k=128, k_chunk=256, max_block_n=16, num_warps=4, num_stages=2),
+        sm.ShrinkTiles(16, block_k=128, k_chunk=1024, max_block_n=16, num_warps=4, num_stages=3),
+        sm.ShrinkTiles(16, block_k=64, k_chunk=128, max_block_n=16, num_warps=2, num_stages=2),
+    ]
+    expands = [
+        em.ExpandTiles(16, block_n=128, max_block_k=16, num_warps=4, num_stages=2),
+        em.ExpandTiles(16, block_n=64, max_block_k=16, num_warps=2, num_stages=2),
+        em.ExpandTiles(16, block_n=256, max_block_k=16, num_warps=4, num_stages=2),
+        em.ExpandTiles(16, block_n=256, max_block_k=16, num_warps=8, num_stages=2),
+        em.ExpandTiles(16, block_n=512, max_block_k=16, num_warps=8, num_stages=2),
+    ]
+    fuseds = [
+        fm.FusedTiles(
+            16, block_k=128, k_chunk=512, block_n=128, max_block_r=16, num_warps=4, num_stages=2
+        ),
+        fm.FusedTiles(
+            16, block_k=64, k_chunk=256, block_n=128, max_block_r=16, num_warps=4, num_stages=2
+        ),
+        fm.FusedTiles(
+            16, block_k=128, k_chunk=256, block_n=128, max_block_r=16, num_warps=4, num_stages=2
+        ),
+        fm.FusedTiles(
+            16, block_k=128, k_chunk=1024, block_n=128, max_block_r=16, num_warps=4, num_stages=3
+        ),
+        fm.FusedTiles(
+            16, block_k=128, k_chunk=512, block_n=256, max_block_r=16, num_warps=8, num_stages=2
+        ),
+    ]
+    return {
+        "shrink": [Variant("shrink", workspace, shrink=t) for t in shrinks],
+        "expand": [Variant("expand", workspace, expand=t) for t in expands],
+        "fused": [Variant("fused", fused_plan, fused=t) for t in fuseds],
+    }
+
+
+def time_variant(
+    step: DecodeStep, variant: Variant, base_us: float | None, label: str
+) -> dict[str, float] | None:
+    """Check, then time the variant: lora us/layer (and step us/layer with the base GEMMs)."""
+    try:
+        with using(variant):
+            if not step.check(variant.plan, label):
+                return None
+            out = {"lora_us": graph_us(lambda: step.run(variant.plan, False)) / NUM_LAYERS}
+            if base_us is not None:
+                total = graph_us(lambda: step.run(variant.plan, True))
+                out["step_us"] = (total - base_us) / NUM_LAYERS
+            return out
+    except Exception:  # a variant that cannot compile or run is reported, the rest still run
+        print(f"  FAIL  {label}: raised\n" + traceback.format_exc(limit=3))
+        results["correctness"].append({"name": label, "pass": False})
+        return None
+
+
+def time_lora_decode() -> bool:
     print(
-        "  Llama-3-8B layer, 8 adapters x rank 16, bf16; 'graph' = the 8 LoRA launches (and the 4"
+        f"LoRA per layer: Llama-3-8B, {NUM_LAYERS} layers x 4 projections, {MAX_LORAS} adapters x"
+        f" rank {ADAPTER_RANK}, bf16, CUDA graphs of all {NUM_LAYERS} layers; per layer:\n"
+        "  'lora' = the LoRA launches alone, 'step' = (base GEMMs + LoRA) - base GEMMs"
     )
-    print("  shrink memsets) replayed as one CUDA graph; base graph = the 4 GEMMs as a graph")
-    for num_tokens in (32, 64, 256):
-        fns = lora_layer_fns(tk, num_tokens, rank=16)
-        us = {name: bench_ms(fn) * 1e3 for name, fn in fns.items()}
-        for name in ("shrink", "expand", "lora", "base"):
-            us[f"{name}_cuda_graph"] = graph_us(fns[name])
-        ratio, ratio_graph = us["lora"] / us["base"], us["lora_cuda_graph"] / us["base"]
-        print(
-            f"  T {num_tokens:>3}: lora {us['lora']:6.1f} us (shrink {us['shrink']:5.1f},"
-            f" expand {us['expand']:5.1f})  graph {us['lora_cuda_graph']:5.1f} us"
-            f" (shrink {us['shrink_cuda_graph']:5.1f}, expand {us['expand_cuda_graph']:5.1f})"
-        )
-        print(
-            f"         base {us['base']:6.1f} us (graph {us['base_cuda_graph']:6.1f})"
-            f"  lora/base {ratio:4.2f}  graph lora/base {ratio_graph:4.2f}"
-            f"  (vs base graph {us['lora_cuda_graph'] / us['base_cuda_graph']:4.2f})"
-        )
-        results["timings"][f"lora_layer_T{num_tokens}"] = {
-            **{f"{name}_us": value for name, value in us.items()},
-            "ratio": ratio,
-            "ratio_cuda_graph": ratio_graph,
+    ok = True
+    shapes = dict(zip(SLICE_GROUPS, FUSED.values(), strict=True))  # same order: qkv o gu down
+    base = [
+        {
+            n: torch.empty(o, i, device=DEVICE, dtype=DTYPE).normal_(0.0, i**-0.5)
+            for n, (i, o) in shapes.items()
         }
+        for _ in range(NUM_LAYERS)
+    ]
+    table: dict[str, Any] = {}
+    for max_rank in STORAGE_RANKS:
+        slots = create_lora_slots(max_rank)
+        for num_tokens in (*DECODE_TOKENS, *PREFILL_TOKENS):
+            step = DecodeStep(slots, num_tokens, base)
+            base_us = graph_us(functools.partial(step.run, None, True))
+            key = f"max_lora_rank {max_rank} T {num_tokens}"
+            table[key] = {"base_gemms_us_per_layer": base_us / NUM_LAYERS}
+            for variant in variants():
+                if num_tokens in PREFILL_TOKENS and variant.name not in PREFILL_VARIANTS:
+                    continue
+                label = f"{variant.name} [{key}]"
+                timed = time_variant(step, variant, base_us, label)
+                ok &= timed is not None
+                table[key][variant.name] = timed
+    for sizes in (DECODE_TOKENS, PREFILL_TOKENS):
+        print_table({k: c for k, c in table.items() if int(k.split()[-1]) in sizes})
+    for key, cell in table.items():
+        timed = {n: t for n, t in cell.items() if isinstance(t, dict)}
+        if timed and int(key.split()[-1]) in DECODE_TOKENS:
+            best = min(timed, key=lambda n: timed[n]["step_us"])
+            print(
+                f"  best at {key}: {best} ({timed[best]['step_us']:.1f} us/layer of the step,"
+                f" target <= 30 at T 64)"
+            )
+    results["timings"]["lora_decode_us_per_layer"] = table
+    ok &= sweep_decode_tiles(base)
+    return ok
 
 
-def sweep_decode_tiles(tk: Any) -> None:
-    """Graph-replayed time of one layer's 4 fused shrinks (4 expands) per candidate tile row."""
-    from loraplex.kernels.triton.lora_expand import ExpandTiles
-    from loraplex.kernels.triton.lora_shrink import ShrinkTiles
+def print_table(table: dict[str, Any]) -> None:
+    """One row per variant, a (lora, step) pair of columns per (max_lora_rank, T)."""
+    print(f"  {'us per layer':<38}" + "".join(f"{k:>26}" for k in table))
+    print(f"  {'':<38}" + "".join(f"{'lora':>13}{'step':>13}" for _ in table))
+    for variant in variants():
+        cells = [cell.get(variant.name, "absent") for cell in table.values()]
+        if all(c == "absent" for c in cells):
+            continue
+        row = ""
+        for c in cells:
+            if c == "absent":
+                row += f"{'-':>26}"
+            elif c is None:
+                row += f"{'FAILED':>26}"
+            else:
+                row += f"{c['lora_us']:>13.1f}{c['step_us']:>13.1f}"
+        print(f"  {variant.name:<38}{row}")
+    bases = "".join(f"{c['base_gemms_us_per_layer']:>26.1f}" for c in table.values())
+    print(f"  {'(base GEMMs alone)':<38}{bases}")
 
-    shrink_candidates = (
-        ShrinkTiles(block_m=16, block_k=128, k_chunk=512, num_warps=4, num_stages=2),
-        ShrinkTiles(block_m=16, block_k=64, k_chunk=256, num_warps=2, num_stages=2),
-        ShrinkTiles(block_m=16, block_k=128, k_chunk=1024, num_warps=4, num_stages=3),
-    )
-    expand_candidates = (
-        ExpandTiles(block_m=16, block_n=128, num_warps=4, num_stages=2),
-        ExpandTiles(block_m=16, block_n=128, num_warps=2, num_stages=2),
-        ExpandTiles(block_m=16, block_n=256, num_warps=4, num_stages=2),
-    )
-    print("decode tile candidates: graph-replayed us for one layer's 4 fused launches (rank 16)")
-    sweep: dict[str, float] = {}
-    for num_tokens in (32, 64):
-        fns = lora_layer_fns(tk, num_tokens, rank=16)
-        best: dict[str, Any] = {}
-        for op, candidates in (("shrink", shrink_candidates), ("expand", expand_candidates)):
+
+def sweep_decode_tiles(base: list[dict[Any, torch.Tensor]]) -> bool:
+    """Decode-row candidates (lora graphs, T 64, max_lora_rank 16 and 64)."""
+    print("decode tile candidates: 'lora' us per layer (T 64, 32-layer graphs)")
+    ok = True
+    sweep: dict[str, Any] = {}
+    for max_rank in STORAGE_RANKS:
+        slots = create_lora_slots(max_rank)
+        step = DecodeStep(slots, 64, base)
+        for kernel, candidates in tile_candidates().items():
             timed = []
-            for tiles in candidates:
-                with decode_tiles(**{op: tiles}):
-                    us = graph_us(fns[op])
-                print(f"  T {num_tokens:>2} {op:<6} {us:6.1f} us  {tiles}")
-                sweep[f"T{num_tokens} {op} {tiles}"] = us
-                timed.append((us, tiles))
-            best[op] = min(timed, key=lambda pair: pair[0])[1]
-        with decode_tiles(**best):
-            us = graph_us(fns["lora"])
-        base_us = graph_us(fns["base"])
-        print(
-            f"  T {num_tokens:>2} best shrink + best expand: lora graph {us:6.1f} us,"
-            f" base graph {base_us:6.1f} us, ratio {us / base_us:4.2f}"
-        )
-        sweep[f"T{num_tokens} best lora"] = us
-    results["timings"]["decode_tile_sweep_us"] = sweep
+            for variant in candidates:
+                tiles = variant.shrink or variant.expand or variant.fused
+                label = f"{kernel} max_lora_rank {max_rank} {tiles}"
+                result = time_variant(step, variant, None, label)
+                ok &= result is not None
+                if result is not None:
+                    print(
+                        f"  max_lora_rank {max_rank:>2} {kernel:<6} {result['lora_us']:6.1f} us  {tiles}"
+                    )
+                    sweep[label] = result["lora_us"]
+                    timed.append((result["lora_us"], tiles))
+            if timed:
+                us, tiles = min(timed, key=lambda pair: pair[0])
+                print(f"  best {kernel} at max_lora_rank {max_rank}: {us:.1f} us  {tiles}")
+    results["timings"]["decode_tile_sweep_us_per_layer"] = sweep
+    return ok
 
 
 def main() -> int:
@@ -444,8 +709,7 @@ def main() -> int:
     ok &= check_lora(tk)
     ok &= check_cuda_graphs(tk)
     time_paged_attention(tk)
-    time_lora_layer(tk)
-    sweep_decode_tiles(tk)
+    ok &= time_lora_decode()
     results["all_pass"] = ok
     results["wall_s"] = time.perf_counter() - started
     print(f"{'ALL PASS' if ok else 'SOME CHECKS FAILED'} in {results['wall_s']:.1f} s")

@@ -9,16 +9,77 @@ Slices no adapter of the step targets (outside `modules`) are skipped by launchi
 contiguous range of slices that some adapter targets (a slice inside that range that nobody
 targets has rank 0 in every busy slot, and its programs exit at once). The CUDA-graph path
 passes every module, so the captured launches always cover every slice.
+
+How the kernels are launched (`LoRAKernelPlan`; bench/kernels_check.py times the choices):
+- step_workspace: the shrink adds into this step's region of LoRASlots' workspace, which one
+  memset zeroes at the step's first launch (the first adapted projection of the forward, the
+  same one every forward of this batch, warm-up, capture and replay alike), instead of into a
+  fresh buffer with a memset per launch: 4 memsets per layer become 1 per step. Steps too big
+  for the workspace (prefill) keep the buffer per launch.
+- fused_max_tokens: steps of at most that many tokens launch `lora_shrink_expand`, one kernel
+  per projection instead of two. It needs the workspace (whose memset also zeroes its counters).
+- overlap_shrink: `begin` runs the shrink on LoRASlots' side stream. A caller that calls
+  `begin(x)` before its base GEMM and `finish(y)` after it overlaps the two (the shrink reads x
+  only); `apply` is both halves after the GEMM, so it never overlaps.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from loraplex.engine.lora.lora_slots import LoRASlots
+from loraplex.engine.lora.lora_slots import LoRASlots, StepWorkspace
 from loraplex.kernels import lora_expand, lora_shrink
+from loraplex.kernels.dispatch import _use_triton
+from loraplex.kernels.reference import lora as reference_lora
+
+
+def lora_shrink_expand(x: torch.Tensor, *args: Any) -> None:
+    """The fused launch: Triton on CUDA, the reference (its spec) elsewhere. Registered here
+    until kernels/dispatch.py exports it with the other kernels."""
+    if _use_triton(x):
+        from loraplex.kernels.triton.lora_shrink_expand import lora_shrink_expand as fused
+
+        fused(x, *args)
+    else:
+        reference_lora.lora_shrink_expand(x, *args)
+
+
+@dataclass(frozen=True)
+class LoRAKernelPlan:
+    step_workspace: bool = True  # one memset per step instead of one per shrink
+    fused_max_tokens: int = 0  # steps up to this many tokens use lora_shrink_expand (0: never)
+    overlap_shrink: bool = False  # begin() shrinks on the side stream (CUDA)
+
+
+DEFAULT_PLAN = LoRAKernelPlan()
+
+
+@dataclass(frozen=True)
+class LoRAShrunk:
+    """A projection's shrink output, waiting for its expand (`LoRABatch.begin` -> `finish`)."""
+
+    lora_out: torch.Tensor  # [num_slices, num_tokens, max_rank] float32
+    lora_b: torch.Tensor  # [max_loras, sum(slice_sizes), max_rank]
+    ranks: torch.Tensor  # [num_slices, max_loras] int32
+    y_offset: int
+    slice_sizes: tuple[int, ...]
+    ready: torch.cuda.Event | None  # recorded after a shrink on the side stream
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """The launch arguments of one projection: its adapted slices' views."""
+
+    lora_a: torch.Tensor  # [max_loras, num_slices, max_rank, in_dim]
+    lora_b: torch.Tensor  # [max_loras, sum(slice_sizes), max_rank]
+    ranks: torch.Tensor  # [num_slices, max_loras] int32
+    y_offset: int
+    slice_sizes: tuple[int, ...]
+    lora_out: torch.Tensor | None  # zeroed workspace region; None: a buffer per launch
+    counters: torch.Tensor | None  # [num_slices, max_loras] int32, zeroed with lora_out
 
 
 @dataclass
@@ -27,6 +88,13 @@ class LoRABatch:
     sorted_token_ids: torch.Tensor  # [num_tokens] int32
     slot_start_loc: torch.Tensor  # [max_loras + 1] int32
     modules: set[str]  # modules some adapter of this step targets
+    plan: LoRAKernelPlan = DEFAULT_PLAN
+    _workspace: StepWorkspace | None = field(default=None, init=False, repr=False)
+    _first_launch: tuple[int, tuple[str, ...]] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.plan.step_workspace:
+            self._workspace = self.slots.step_workspace(self.sorted_token_ids.shape[0])
 
     def apply(
         self,
@@ -37,9 +105,66 @@ class LoRABatch:
         y: torch.Tensor,
     ) -> None:
         """y[:, slice] += scaling * x @ A.T @ B.T for every adapted slice (in place)."""
+        launch = self._prepare(layer_idx, slice_names, slice_sizes)
+        if launch is None:
+            return
+        fused = self.sorted_token_ids.shape[0] <= self.plan.fused_max_tokens
+        if fused and launch.lora_out is not None and launch.counters is not None:
+            lora_shrink_expand(
+                x,
+                launch.lora_a,
+                launch.lora_b,
+                self.sorted_token_ids,
+                self.slot_start_loc,
+                launch.ranks,
+                self.slots.scalings,
+                y,
+                launch.y_offset,
+                launch.slice_sizes,
+                launch.lora_out,
+                launch.counters,
+            )
+            return
+        self.finish(self._shrink(launch, x, overlap=False), y)
+
+    def begin(
+        self,
+        layer_idx: int,
+        slice_names: tuple[str, ...],
+        slice_sizes: tuple[int, ...],
+        x: torch.Tensor,
+    ) -> LoRAShrunk | None:
+        """The shrink half of `apply`, on the side stream if the plan overlaps it; x must stay
+        alive until `finish`. None when no slice is adapted."""
+        launch = self._prepare(layer_idx, slice_names, slice_sizes)
+        if launch is None:
+            return None
+        return self._shrink(launch, x, overlap=self.plan.overlap_shrink)
+
+    def finish(self, shrunk: LoRAShrunk | None, y: torch.Tensor) -> None:
+        """The expand half of `apply`: add the deltas of `begin`'s shrink into y."""
+        if shrunk is None:
+            return
+        if shrunk.ready is not None:
+            torch.cuda.current_stream(y.device).wait_event(shrunk.ready)
+        lora_expand(
+            shrunk.lora_out,
+            shrunk.lora_b,
+            self.sorted_token_ids,
+            self.slot_start_loc,
+            shrunk.ranks,
+            self.slots.scalings,
+            y,
+            shrunk.y_offset,
+            shrunk.slice_sizes,
+        )
+
+    def _prepare(
+        self, layer_idx: int, slice_names: tuple[str, ...], slice_sizes: tuple[int, ...]
+    ) -> _Launch | None:
         used = [i for i, name in enumerate(slice_names) if name in self.modules]
         if not used:
-            return
+            return None
         group = self.slots.groups[slice_names]
         assert group.slice_sizes == slice_sizes, f"{slice_names}: {slice_sizes} != slots'"
         lo, hi = used[0], used[-1] + 1
@@ -49,19 +174,33 @@ class LoRABatch:
         ranks = group.ranks  # [num_slices, max_loras]
         if (lo, hi) != (0, len(slice_names)):
             lora_a, lora_b, ranks = lora_a[:, lo:hi], lora_b[:, col_lo:col_hi], ranks[lo:hi]
-        # [num_slices, num_tokens, max_rank]; zeroed by the shrink.
-        shrunk = torch.empty(
-            hi - lo, x.shape[0], self.slots.max_lora_rank, dtype=torch.float32, device=x.device
-        )
-        lora_shrink(x, lora_a, self.sorted_token_ids, self.slot_start_loc, ranks, shrunk)
-        lora_expand(
-            shrunk,
-            lora_b,
-            self.sorted_token_ids,
-            self.slot_start_loc,
-            ranks,
-            self.slots.scalings,
-            y,
-            col_lo,
-            slice_sizes[lo:hi],
+        lora_out = counters = None
+        if self._workspace is not None:
+            if self._first_launch is None:
+                self._first_launch = (layer_idx, slice_names)
+            if self._first_launch == (layer_idx, slice_names):  # a new forward: one memset
+                self._workspace.prefix.zero_()
+            first, last = group.first_slice + lo, group.first_slice + hi
+            lora_out = self._workspace.lora_out[layer_idx, first:last]
+            counters = self._workspace.counters[layer_idx, first:last]
+        return _Launch(lora_a, lora_b, ranks, col_lo, slice_sizes[lo:hi], lora_out, counters)
+
+    def _shrink(self, launch: _Launch, x: torch.Tensor, overlap: bool) -> LoRAShrunk:
+        if launch.lora_out is None:
+            shape = (len(launch.slice_sizes), x.shape[0], self.slots.max_lora_rank)
+            lora_out = torch.empty(shape, dtype=torch.float32, device=x.device)  # zeroed below
+        else:
+            lora_out = launch.lora_out
+        mapping = (self.sorted_token_ids, self.slot_start_loc, launch.ranks)
+        ready = None
+        side = self.slots.side_stream
+        if overlap and side is not None and x.is_cuda:
+            side.wait_stream(torch.cuda.current_stream(x.device))  # x and the memset are ready
+            with torch.cuda.stream(side):
+                lora_shrink(x, launch.lora_a, *mapping, lora_out, launch.lora_out is None)
+                ready = side.record_event()
+        else:
+            lora_shrink(x, launch.lora_a, *mapping, lora_out, launch.lora_out is None)
+        return LoRAShrunk(
+            lora_out, launch.lora_b, launch.ranks, launch.y_offset, launch.slice_sizes, ready
         )

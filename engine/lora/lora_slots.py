@@ -15,6 +15,16 @@ The per-module views `lora_a[m]` [L, max_loras, r, in], `lora_b[m]` [L, max_lora
 `ranks[m]` [max_loras] share this storage. Memory is sized by `max_lora_rank` (as in vLLM);
 compute is not: the kernels stop at each slot's own rank and skip slices an adapter does not
 target. Tensors are allocated once and never move (CUDA graphs capture their addresses).
+
+The step workspace holds the fp32 shrink outputs of one step, every layer and slice its own
+region, plus the fused kernel's counters (`kernels/triton/lora_shrink_expand.py`):
+
+    workspace  [ counters: L x num_slices x max_loras (int32) | lora_out: L x num_slices x T x r ]
+               |<------- zeroed by one memset per step (LoRABatch), for a step of T tokens ------>|
+
+so no launch needs a memset of its own. It is sized here for steps of up to
+`max_workspace_tokens` tokens (the CUDA-graph batch sizes; larger steps take a buffer per launch)
+and never reallocated.
 """
 
 from __future__ import annotations
@@ -32,6 +42,11 @@ SLICE_GROUPS: tuple[tuple[str, ...], ...] = (
     ("gate_proj", "up_proj"),
     ("down_proj",),
 )
+NUM_SLICES = sum(len(names) for names in SLICE_GROUPS)
+# Steps of up to this many tokens use the step workspace: the largest CUDA-graph batch
+# (engine/runner/cuda_graph.py), unless the byte cap below allows fewer (large max_lora_rank).
+WORKSPACE_MAX_TOKENS = 512
+WORKSPACE_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -40,9 +55,19 @@ class LoRASliceGroup:
 
     slice_names: tuple[str, ...]
     slice_sizes: tuple[int, ...]  # out_dim per slice
+    first_slice: int  # index of slice 0 among all groups' slices (the workspace's slice axis)
     lora_a: torch.Tensor  # [num_layers, max_loras, num_slices, max_rank, in_dim]
     lora_b: torch.Tensor  # [num_layers, max_loras, sum(slice_sizes), max_rank]
     ranks: torch.Tensor  # [num_slices, max_loras] int32
+
+
+@dataclass(frozen=True)
+class StepWorkspace:
+    """LoRASlots' workspace for one step (see the module docstring)."""
+
+    prefix: torch.Tensor  # flat float32: what the step's one memset zeroes
+    lora_out: torch.Tensor  # [num_layers, NUM_SLICES, num_tokens, max_rank] float32
+    counters: torch.Tensor  # [num_layers, NUM_SLICES, max_loras] int32
 
 
 class LoRASlots:
@@ -64,9 +89,11 @@ class LoRASlots:
         self.lora_a: dict[str, torch.Tensor] = {}  # [num_layers, max_loras, max_rank, in_dim]
         self.lora_b: dict[str, torch.Tensor] = {}  # [num_layers, max_loras, out_dim, max_rank]
         self.ranks: dict[str, torch.Tensor] = {}  # [max_loras] int32
+        first_slice = 0
         for names in SLICE_GROUPS:
-            group = self._create_group(names, dtype, device)
+            group = self._create_group(names, first_slice, dtype, device)
             self.groups[names] = group
+            first_slice += len(names)
             start = 0
             for i, (module, size) in enumerate(zip(names, group.slice_sizes, strict=True)):
                 self.lora_a[module] = group.lora_a[:, :, i]
@@ -76,9 +103,34 @@ class LoRASlots:
         self.scalings = torch.zeros(max_loras, dtype=torch.float32, device=device)
         # Host copies, to know which modules a step needs without a device sync.
         self.host_ranks: dict[str, list[int]] = {m: [0] * max_loras for m in self.module_shapes}
+        self._num_counters = self.num_layers * NUM_SLICES * max_loras
+        per_token = self.num_layers * NUM_SLICES * max_lora_rank
+        budget = WORKSPACE_MAX_BYTES // 4 - self._num_counters
+        self.max_workspace_tokens = max(0, min(WORKSPACE_MAX_TOKENS, budget // per_token))
+        self._workspace = torch.zeros(  # float32; the counters are an int32 view of its head
+            self._num_counters + per_token * self.max_workspace_tokens,
+            dtype=torch.float32,
+            device=device,
+        )
+        self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def step_workspace(self, num_tokens: int) -> StepWorkspace | None:
+        """Views of the workspace for a step of `num_tokens` tokens; None if it does not fit."""
+        if num_tokens > self.max_workspace_tokens:
+            return None
+        size = self.num_layers * NUM_SLICES * num_tokens * self.max_lora_rank
+        prefix = self._workspace[: self._num_counters + size]
+        counters = prefix[: self._num_counters].view(torch.int32)
+        return StepWorkspace(
+            prefix=prefix,
+            lora_out=prefix[self._num_counters :].view(
+                self.num_layers, NUM_SLICES, num_tokens, self.max_lora_rank
+            ),
+            counters=counters.view(self.num_layers, NUM_SLICES, self.max_loras),
+        )
 
     def _create_group(
-        self, names: tuple[str, ...], dtype: torch.dtype, device: torch.device
+        self, names: tuple[str, ...], first_slice: int, dtype: torch.dtype, device: torch.device
     ) -> LoRASliceGroup:
         in_dims = {self.module_shapes[m][0] for m in names}
         assert len(in_dims) == 1, f"slices {names} must share in_dim"
@@ -88,6 +140,7 @@ class LoRASlots:
         return LoRASliceGroup(
             slice_names=names,
             slice_sizes=sizes,
+            first_slice=first_slice,
             lora_a=torch.zeros(a_shape, dtype=dtype, device=device),
             lora_b=torch.zeros(b_shape, dtype=dtype, device=device),
             ranks=torch.zeros(len(names), self.max_loras, dtype=torch.int32, device=device),

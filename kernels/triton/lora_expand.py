@@ -9,21 +9,26 @@ columns y_offset + [o_i, o_i + n_i) of y:
     lora_b[slot]  [ q (n_0 rows) | k (n_1) | v (n_2) ]  x  max_rank
     y columns     [ y_offset + o_0 ... | + o_1 ...  | + o_2 ...  ]       o_i = n_0 + ... + n_{i-1}
 
-A program owns one (token tile of a slot's segment, output-column tile of a slice, slice, slot);
-it gathers its token rows of `lora_out[slice]` through `sorted_token_ids`, multiplies them by
-the slot's B over the slot's rank for that slice only, scales, and adds into its columns of y.
+A program owns one (segment tile, output-column tile of a slice, slice); it gathers its token
+rows of `lora_out[slice]` through `sorted_token_ids`, multiplies them by the slot's B over the
+slot's rank for that slice only, scales, and adds into its columns of y.
 
-    grid = (cdiv(num_tokens, BLOCK_M), cdiv(max_i n_i, BLOCK_N), num_slices * max_loras)
+    grid = (num_segment_tiles, cdiv(max_i n_i, BLOCK_N), num_slices)
 
-The grid depends on shapes only (CUDA-graph friendly); programs whose token tile starts past
-their slot's segment, whose slot has rank 0 for their slice, or whose column tile starts past
-their (narrower) slice return at once. The K loop stops at the rank, so rank padding costs at
-most one BLOCK_K tile. Slice boundaries are passed as scalars: up to MAX_SLICES slices (qkv).
+Segment tiles are the shrink's (`lora_shrink.segment_tile`: the BLOCK_M-token tiles of the
+segments of slots with a rank for the slice; a shape-only bound, so CUDA-graph friendly).
+Programs past the last tile, or whose column tile starts past their (narrower) slice, return at
+once. The first B tile is loaded before the token-dependent loads (token ids, then the y and
+lora_out rows), so its latency overlaps the gather. When max_rank fits one BLOCK_K step that is
+all; otherwise the K loop walks the slot's own rank in BLOCK_K steps (padding past it costs
+nothing), loading each B tile one step ahead. Slice boundaries are passed as scalars: up to
+MAX_SLICES slices (qkv).
 
 Tiles (`EXPAND_TILES`, by number of tokens of the launch): out_dim is wide (1024..14336 per
-slice) and the reduction (the rank, <= 64) short, so BLOCK_N = 128 columns per program with
-BLOCK_K = the rank rounded up (one step for ranks <= 64). BLOCK_M follows the segment size:
-16 (tl.dot's minimum) at decode, 32 up to 512 tokens, 64 for prefill.
+slice) and the reduction (the rank) short, so BLOCK_N = 128 columns per program, BLOCK_K = the
+max rank rounded up to a power of two, capped at 16 for decode (registers and shared memory of a
+16-row B tile even when storage is padded to max_lora_rank 64) and 64 otherwise. BLOCK_M follows
+the segment size: 16 (tl.dot's minimum) at decode, 32 up to 512 tokens, 64 for prefill.
 
 Numerics: the `lora_out` tile is cast to `lora_b`'s dtype for the tensor-core dot (as vLLM's
 expand does), products accumulate in float32, and `y` is read, added to in float32 and rounded
@@ -40,13 +45,16 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.triton.lora_shrink import rank_block, segment_grid, segment_tile
+
 
 @dataclass(frozen=True)
 class ExpandTiles:
-    """Tile shape of one launch; BLOCK_K is the max rank rounded up (MIN..MAX_BLOCK_K)."""
+    """Tile shape of one launch."""
 
     block_m: int  # token rows per program
     block_n: int  # output columns per program
+    max_block_k: int  # rank step: max_rank rounded up to a power of 2, capped
     num_warps: int
     num_stages: int
 
@@ -54,17 +62,40 @@ class ExpandTiles:
 # (largest number of tokens, tiles): the first row that fits the launch is used. The benchmark
 # (bench/kernels_check.py) swaps the decode row to compare candidates.
 EXPAND_TILES: tuple[tuple[int, ExpandTiles], ...] = (
-    (64, ExpandTiles(block_m=16, block_n=128, num_warps=4, num_stages=2)),
-    (512, ExpandTiles(block_m=32, block_n=128, num_warps=4, num_stages=2)),
-    (sys.maxsize, ExpandTiles(block_m=64, block_n=128, num_warps=4, num_stages=2)),
+    (64, ExpandTiles(block_m=16, block_n=128, max_block_k=16, num_warps=4, num_stages=2)),
+    (512, ExpandTiles(block_m=32, block_n=128, max_block_k=64, num_warps=4, num_stages=2)),
+    (sys.maxsize, ExpandTiles(block_m=64, block_n=128, max_block_k=64, num_warps=4, num_stages=2)),
 )
-MIN_BLOCK_K = 16  # tl.dot's smallest K
-MAX_BLOCK_K = 64  # ranks above loop in steps of 64
 MAX_SLICES = 3
 
 
 def expand_tiles(num_tokens: int) -> ExpandTiles:
     return next(tiles for bound, tiles in EXPAND_TILES if num_tokens <= bound)
+
+
+def slice_ends(slice_sizes: tuple[int, ...]) -> list[int]:
+    """End row of each slice in lora_b, padded to MAX_SLICES (no program has the extra ids)."""
+    ends = [sum(slice_sizes[: i + 1]) for i in range(len(slice_sizes))]
+    return ends + [sum(slice_sizes)] * (MAX_SLICES - len(slice_sizes))
+
+
+@triton.jit
+def slice_rows(slice_id, slice_end_0, slice_end_1, slice_end_2):  # type: ignore[no-untyped-def]
+    """Rows [start, end) of lora_b (columns of y past y_offset) that belong to slice_id."""
+    start = tl.where(slice_id == 0, 0, tl.where(slice_id == 1, slice_end_0, slice_end_1))
+    end = tl.where(slice_id == 0, slice_end_0, tl.where(slice_id == 1, slice_end_1, slice_end_2))
+    return start, end
+
+
+@triton.jit
+def load_b_tile(b_ptrs, offs_k, mask_n, k_start, rank, max_rank):  # type: ignore[no-untyped-def]
+    """B[n, k_start + offs_k] as a [BLOCK_K, BLOCK_N] tile, 0 at and past the slot's rank (and
+    no traffic once k_start >= rank). Bounded by the storage width max_rank rather than by the
+    rank, so loads along k vectorize; the padding read is replaced, never used (it may be stale
+    or NaN)."""
+    mask_k = offs_k < tl.where(k_start < rank, max_rank - k_start, 0)
+    b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+    return tl.where((offs_k < rank - k_start)[:, None], b, 0.0)
 
 
 @triton.jit
@@ -77,6 +108,7 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     lora_ranks_ptr,
     scalings_ptr,
     max_loras,
+    max_rank,
     slice_end_0,
     slice_end_1,
     slice_end_2,
@@ -90,56 +122,108 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SINGLE_K: tl.constexpr,  # max_rank <= BLOCK_K: one step
+    SLOTS: tl.constexpr,
+    COMPACT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    slice_id = tl.program_id(2) // max_loras
-    slot = tl.program_id(2) % max_loras
-    rank = tl.load(lora_ranks_ptr + slice_id * stride_rs + slot)
-    seg_end = tl.load(slot_start_loc_ptr + slot + 1)
-    m_start = tl.load(slot_start_loc_ptr + slot) + pid_m * BLOCK_M
-    # Rows [slice_start, slice_end) of lora_b belong to this program's slice.
-    slice_start = tl.where(slice_id == 0, 0, tl.where(slice_id == 1, slice_end_0, slice_end_1))
-    slice_end = tl.where(
-        slice_id == 0, slice_end_0, tl.where(slice_id == 1, slice_end_1, slice_end_2)
+    slice_id = tl.program_id(2)
+    slot, m_start, seg_end, rank = segment_tile(
+        tl.program_id(0),
+        slot_start_loc_ptr,
+        lora_ranks_ptr + slice_id * stride_rs,
+        max_loras,
+        BLOCK_M,
+        SLOTS,
+        COMPACT,
     )
+    slice_start, slice_end = slice_rows(slice_id, slice_end_0, slice_end_1, slice_end_2)
     n_start = slice_start + pid_n * BLOCK_N
     if (m_start >= seg_end) | (rank == 0) | (n_start >= slice_end):
         return
 
-    offs_m = m_start + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < seg_end
-    token_ids = tl.load(sorted_token_ids_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
     offs_n = n_start + tl.arange(0, BLOCK_N)
     mask_n = offs_n < slice_end
     offs_k = tl.arange(0, BLOCK_K)
-
-    lo_ptrs = (
-        lora_out_ptr + slice_id * stride_ls + token_ids[:, None] * stride_lm + offs_k[None, :]
-    )  # [BLOCK_M, BLOCK_K]
     b_ptrs = (
         lora_b_ptr + slot.to(tl.int64) * stride_bl + offs_n[None, :] * stride_bn + offs_k[:, None]
     )  # [BLOCK_K, BLOCK_N]: B[slot, n, k] read transposed
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k_start in range(0, rank, BLOCK_K):
-        mask_k = offs_k < rank - k_start
-        lo = tl.load(lo_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(lo.to(b.dtype), b, acc, input_precision=DOT_PRECISION)
-        lo_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-
-    acc *= tl.load(scalings_ptr + slot)
+    # The first B tile does not depend on the token ids: issue it before the gather.
+    b = load_b_tile(b_ptrs, offs_k, mask_n, 0, rank, max_rank)
+    scaling = tl.load(scalings_ptr + slot)
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < seg_end
+    token_ids = tl.load(sorted_token_ids_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
     y_ptrs = y_ptr + token_ids[:, None] * stride_ym + (y_offset + offs_n)[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     y = tl.load(y_ptrs, mask=mask, other=0.0)
-    tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
+    lo_ptrs = (
+        lora_out_ptr + slice_id * stride_ls + token_ids[:, None] * stride_lm + offs_k[None, :]
+    )  # [BLOCK_M, BLOCK_K]
+    if SINGLE_K:  # no loop, one B tile live
+        lo = tl.load(lo_ptrs, mask=mask_m[:, None] & (offs_k < rank)[None, :], other=0.0)
+        acc = tl.dot(lo.to(b.dtype), b, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k_start in range(0, rank, BLOCK_K):
+            lo_mask = mask_m[:, None] & (offs_k < rank - k_start)[None, :]
+            lo = tl.load(lo_ptrs, mask=lo_mask, other=0.0)
+            acc = tl.dot(lo.to(b.dtype), b, acc, input_precision=DOT_PRECISION)
+            lo_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+            b = load_b_tile(b_ptrs, offs_k, mask_n, k_start + BLOCK_K, rank, max_rank)
+    tl.store(y_ptrs, (y.to(tl.float32) + acc * scaling).to(y.dtype), mask=mask)
 
 
-def _check(cond: bool, msg: str) -> None:
+def _check(op: str, cond: bool, msg: str) -> None:
     if not cond:
-        raise ValueError(f"lora_expand: {msg}")
+        raise ValueError(f"{op}: {msg}")
+
+
+def check_expand_args(
+    op: str,
+    lora_out: torch.Tensor,
+    lora_b: torch.Tensor,
+    sorted_token_ids: torch.Tensor,
+    slot_start_loc: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    y: torch.Tensor,
+    y_offset: int,
+    slice_sizes: tuple[int, ...],
+) -> None:
+    """Raise ValueError (prefixed with `op`) unless the arguments fit `lora_expand`."""
+    _check(op, lora_out.dim() == 3 and lora_b.dim() == 3 and y.dim() == 2, "bad tensor ranks")
+    num_slices, num_tokens, max_rank = lora_out.shape
+    max_loras, total_out, b_rank = lora_b.shape
+    _check(op, len(slice_sizes) == num_slices, "one slice size per lora_out slice")
+    _check(op, num_slices <= MAX_SLICES, f"at most {MAX_SLICES} slices per launch")
+    _check(op, sum(slice_sizes) == total_out, f"slice sizes {slice_sizes} != lora_b rows")
+    _check(op, b_rank == max_rank, f"lora_b max_rank {b_rank} != lora_out max_rank {max_rank}")
+    _check(op, y.shape[0] == num_tokens, "y and lora_out must have the same number of tokens")
+    _check(op, y_offset >= 0 and y_offset + total_out <= y.shape[1], "y_offset out of range")
+    float_dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    _check(op, lora_b.dtype in float_dtypes and y.dtype in float_dtypes, "bad floating dtype")
+    _check(op, lora_out.dtype in (torch.float32, lora_b.dtype), "lora_out: fp32 or lora_b's")
+    _check(
+        op,
+        scalings.shape == (max_loras,) and scalings.dtype == torch.float32,
+        "scalings must be float32 [max_loras]",
+    )
+    _check(op, sorted_token_ids.shape == (num_tokens,), "sorted_token_ids must be [num_tokens]")
+    _check(op, slot_start_loc.shape == (max_loras + 1,), "slot_start_loc must be [max_loras + 1]")
+    _check(op, lora_ranks.shape == (num_slices, max_loras), "lora_ranks must be [slices, loras]")
+    for name, t in (("sorted_token_ids", sorted_token_ids), ("slot_start_loc", slot_start_loc)):
+        _check(op, t.dtype == torch.int32 and t.is_contiguous(), f"{name} must be contiguous int32")
+    _check(op, lora_ranks.dtype == torch.int32 and lora_ranks.stride(1) == 1, "lora_ranks: int32")
+    _check(op, lora_out.stride(2) == 1 and y.stride(1) == 1, "lora_out and y need contiguous rows")
+    _check(op, lora_b.stride(2) == 1, "lora_b needs a contiguous last dim")
+    devices = {
+        t.device
+        for t in (lora_out, lora_b, y, sorted_token_ids, slot_start_loc, lora_ranks, scalings)
+    }
+    _check(op, len(devices) == 1, f"all tensors must be on one device, got {devices}")
 
 
 def lora_expand(
@@ -156,46 +240,17 @@ def lora_expand(
     """y[t, y_offset + o_i + j] += scalings[s] * lora_out[i, t, :r] @ lora_b[s, o_i + j, :r]
     for every slice i (o_i = sum(slice_sizes[:i]), j < slice_sizes[i]) and token t of slot s,
     where r = lora_ranks[i, s]. One launch for all slices."""
-    _check(lora_out.dim() == 3 and lora_b.dim() == 3 and y.dim() == 2, "bad tensor ranks")
+    args = (lora_out, lora_b, sorted_token_ids, slot_start_loc, lora_ranks, scalings, y)
+    check_expand_args("lora_expand", *args, y_offset, slice_sizes)
     num_slices, num_tokens, max_rank = lora_out.shape
-    max_loras, total_out, b_rank = lora_b.shape
-    _check(len(slice_sizes) == num_slices, "one slice size per lora_out slice")
-    _check(num_slices <= MAX_SLICES, f"at most {MAX_SLICES} slices per launch")
-    _check(sum(slice_sizes) == total_out, f"slice sizes {slice_sizes} != lora_b rows {total_out}")
-    _check(b_rank == max_rank, f"lora_b max_rank {b_rank} != lora_out max_rank {max_rank}")
-    _check(y.shape[0] == num_tokens, "y and lora_out must have the same number of tokens")
-    _check(y_offset >= 0 and y_offset + total_out <= y.shape[1], "y_offset slice out of range")
-    float_dtypes = (torch.float16, torch.bfloat16, torch.float32)
-    _check(lora_b.dtype in float_dtypes and y.dtype in float_dtypes, "bad floating dtype")
-    _check(lora_out.dtype in (torch.float32, lora_b.dtype), "lora_out must be fp32 or lora_b's")
-    _check(
-        scalings.shape == (max_loras,) and scalings.dtype == torch.float32,
-        "scalings must be float32 [max_loras]",
-    )
-    _check(sorted_token_ids.shape == (num_tokens,), "sorted_token_ids must be [num_tokens]")
-    _check(slot_start_loc.shape == (max_loras + 1,), "slot_start_loc must be [max_loras + 1]")
-    _check(lora_ranks.shape == (num_slices, max_loras), "lora_ranks must be [slices, max_loras]")
-    for name, t in (("sorted_token_ids", sorted_token_ids), ("slot_start_loc", slot_start_loc)):
-        _check(t.dtype == torch.int32 and t.is_contiguous(), f"{name} must be contiguous int32")
-    _check(lora_ranks.dtype == torch.int32 and lora_ranks.stride(1) == 1, "lora_ranks: int32 rows")
-    _check(lora_out.stride(2) == 1 and y.stride(1) == 1, "lora_out and y need contiguous rows")
-    _check(lora_b.stride(2) == 1, "lora_b needs a contiguous last dim")
-    devices = {
-        t.device
-        for t in (lora_out, lora_b, y, sorted_token_ids, slot_start_loc, lora_ranks, scalings)
-    }
-    _check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    max_loras, total_out, _ = lora_b.shape
     if num_tokens == 0 or total_out == 0 or max_rank == 0:
         return
 
-    ends = [sum(slice_sizes[: i + 1]) for i in range(num_slices)]
-    ends += [total_out] * (MAX_SLICES - num_slices)  # unused: no program has those slice ids
     tiles = expand_tiles(num_tokens)
-    grid = (
-        triton.cdiv(num_tokens, tiles.block_m),
-        triton.cdiv(max(slice_sizes), tiles.block_n),
-        num_slices * max_loras,
-    )
+    block_k = rank_block(max_rank, tiles.max_block_k)
+    num_tiles, slots, compact = segment_grid(num_tokens, max_loras, tiles.block_m)
+    grid = (num_tiles, triton.cdiv(max(slice_sizes), tiles.block_n), num_slices)
     _lora_expand_kernel[grid](
         lora_out,
         lora_b,
@@ -205,7 +260,8 @@ def lora_expand(
         lora_ranks,
         scalings,
         max_loras,
-        *ends,
+        max_rank,
+        *slice_ends(slice_sizes),
         y_offset,
         lora_out.stride(0),
         lora_out.stride(1),
@@ -215,7 +271,10 @@ def lora_expand(
         lora_ranks.stride(0),
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
-        BLOCK_K=min(MAX_BLOCK_K, max(MIN_BLOCK_K, triton.next_power_of_2(max_rank))),
+        BLOCK_K=block_k,
+        SINGLE_K=max_rank <= block_k,
+        SLOTS=slots,
+        COMPACT=compact,
         DOT_PRECISION="ieee" if lora_b.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,

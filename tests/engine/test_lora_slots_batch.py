@@ -1,4 +1,9 @@
-"""LoRASlots' stacked storage and LoRABatch's fused launches against per-token LoRA deltas."""
+"""LoRASlots' stacked storage and LoRABatch's launches against per-token LoRA deltas.
+
+Every launch plan (a buffer per launch, the step workspace, the fused kernel) must give the same
+deltas, forward after forward: the workspace is zeroed once per forward, at its first launch,
+so a dirty workspace left by the previous forward must not leak into the next one.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from loraplex.engine.lora import lora_batch
+from loraplex.engine.lora import lora_batch, lora_slots
 from loraplex.engine.lora.adapter import LoRAAdapter, lora_module_shapes
-from loraplex.engine.lora.lora_batch import LoRABatch
+from loraplex.engine.lora.lora_batch import LoRABatch, LoRAKernelPlan
 from loraplex.engine.lora.lora_slots import SLICE_GROUPS, LoRASlots
 from loraplex.kernels import build_lora_mapping
 
@@ -64,6 +69,7 @@ def test_load_fills_stacked_groups_and_clear_resets_ranks() -> None:
     assert torch.equal(qkv.lora_a[1, 1, 2, :4], a_v)
     assert torch.equal(qkv.lora_b[1, 1, 48:64, :4], b_v)
     assert qkv.ranks.tolist() == [[0, 4, 0], [0, 0, 0], [0, 4, 0]]
+    assert [g.first_slice for g in slots.groups.values()] == [0, 3, 4, 6]
     assert slots.groups[("down_proj",)].ranks.tolist() == [[0, 4, 0]]
     assert float(slots.scalings[1]) == adapter.scaling
     assert slots.modules_in_use({1}) == {"q_proj", "v_proj", "down_proj"}
@@ -95,30 +101,40 @@ def expected_delta(
     return delta
 
 
-# slot -> (rank, target modules); "qv+full" has k_proj targeted, "qv+mlp" leaves a hole at k.
+# slot -> (rank, target modules); "qv+full" has k_proj targeted, "qv+mlp" leaves a hole at k,
+# "down-only" makes down_proj the first (and only) launch of a forward.
 ADAPTER_SETS: dict[str, dict[int, tuple[int, tuple[str, ...]]]] = {
     "qv+full": {0: (4, ("q_proj", "v_proj")), 2: (8, ALL_MODULES)},
     "qv+mlp": {0: (4, ("q_proj", "v_proj")), 1: (8, ("up_proj", "down_proj"))},
     "v-only": {1: (2, ("v_proj",))},
+    "down-only": {2: (4, ("down_proj",))},
+}
+PLANS = {
+    "buffer-per-launch": LoRAKernelPlan(step_workspace=False),
+    "step-workspace": LoRAKernelPlan(step_workspace=True),
+    "fused": LoRAKernelPlan(step_workspace=True, fused_max_tokens=1 << 20),
+    "overlapped-shrink": LoRAKernelPlan(step_workspace=True, overlap_shrink=True),
 }
 
 
-@pytest.mark.parametrize("kernels", ["reference", "triton"])
-@pytest.mark.parametrize("adapter_set", list(ADAPTER_SETS))
-def test_apply_adds_each_adapters_deltas(
-    kernels: str, adapter_set: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    device = CPU
-    if kernels == "triton":
-        pytest.importorskip("triton")
-        if torch.cuda.is_available():
-            device = torch.device("cuda")  # the dispatcher picks Triton for CUDA tensors
-        else:  # the Triton launchers on CPU tensors (TRITON_INTERPRET=1, tests/conftest.py)
-            from loraplex.kernels import triton as triton_kernels
+def pick_device(kernels: str, monkeypatch: pytest.MonkeyPatch) -> torch.device:
+    """The device to run LoRABatch on, with its kernel launchers set to `kernels`."""
+    if kernels == "reference":
+        return CPU
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        return torch.device("cuda")  # the dispatchers pick Triton for CUDA tensors
+    # The Triton launchers on CPU tensors (TRITON_INTERPRET=1, tests/conftest.py).
+    from loraplex.kernels import triton as triton_kernels
+    from loraplex.kernels.triton.lora_shrink_expand import lora_shrink_expand
 
-            monkeypatch.setattr(lora_batch, "lora_shrink", triton_kernels.lora_shrink)
-            monkeypatch.setattr(lora_batch, "lora_expand", triton_kernels.lora_expand)
-    torch.manual_seed(0)
+    monkeypatch.setattr(lora_batch, "lora_shrink", triton_kernels.lora_shrink)
+    monkeypatch.setattr(lora_batch, "lora_expand", triton_kernels.lora_expand)
+    monkeypatch.setattr(lora_batch, "lora_shrink_expand", lora_shrink_expand)
+    return CPU
+
+
+def load_adapter_set(adapter_set: str, device: torch.device) -> tuple[LoRASlots, dict]:
     slots = LoRASlots(ARCH, max_loras=3, max_lora_rank=8, dtype=torch.float32, device=device)
     adapters = {
         slot: make_adapter(rank, modules, seed=slot)
@@ -126,15 +142,61 @@ def test_apply_adds_each_adapters_deltas(
     }
     for slot, adapter in adapters.items():
         slots.load(slot, adapter)
-    token_slots = [-1, *adapters, *reversed(list(adapters)), -1, next(iter(adapters))]
-    ids, loc = build_lora_mapping(torch.tensor(token_slots, device=device), slots.max_loras)
-    batch = LoRABatch(slots, ids, loc, slots.modules_in_use(set(adapters)))
+    return slots, adapters
+
+
+def check_forward(
+    batch: LoRABatch, adapters: dict, token_slots: list[int], device: torch.device, halves: bool
+) -> None:
+    """One forward: every layer's projections in model order, through `apply` (or `begin` before
+    a stand-in base matmul and `finish` after it), deltas checked against float64."""
     for layer in range(ARCH.num_hidden_layers):
         for names in SLICE_GROUPS:
             sizes = tuple(SHAPES[m][1] for m in names)
             x = torch.randn(len(token_slots), SHAPES[names[0]][0])
             y0 = torch.randn(len(token_slots), sum(sizes))
-            y = y0.to(device, copy=True)
-            batch.apply(layer, names, sizes, x.to(device), y)
+            if halves:
+                shrunk = batch.begin(layer, names, sizes, x.to(device))
+                y = y0.to(device, copy=True)  # the base GEMM's output, after begin
+                batch.finish(shrunk, y)
+            else:
+                y = y0.to(device, copy=True)
+                batch.apply(layer, names, sizes, x.to(device), y)
             delta = expected_delta(adapters, token_slots, layer, names, x)
             torch.testing.assert_close(y.cpu().double() - y0.double(), delta, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+@pytest.mark.parametrize("plan", list(PLANS))
+@pytest.mark.parametrize("adapter_set", list(ADAPTER_SETS))
+def test_apply_adds_each_adapters_deltas(
+    kernels: str, plan: str, adapter_set: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = pick_device(kernels, monkeypatch)
+    torch.manual_seed(0)
+    slots, adapters = load_adapter_set(adapter_set, device)
+    token_slots = [-1, *adapters, *reversed(list(adapters)), -1, next(iter(adapters))]
+    ids, loc = build_lora_mapping(torch.tensor(token_slots, device=device), slots.max_loras)
+    batch = LoRABatch(slots, ids, loc, slots.modules_in_use(set(adapters)), PLANS[plan])
+    for forward in range(2):  # replays of one batch, as a CUDA graph does
+        if forward == 1 and PLANS[plan].step_workspace:
+            slots.step_workspace(len(token_slots)).prefix.fill_(7.0)  # dirty; must be re-zeroed
+        check_forward(batch, adapters, token_slots, device, halves=PLANS[plan].overlap_shrink)
+
+
+def test_steps_larger_than_the_workspace_take_a_buffer_per_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lora_slots, "WORKSPACE_MAX_TOKENS", 4)
+    torch.manual_seed(0)
+    slots, adapters = load_adapter_set("qv+full", CPU)
+    assert slots.max_workspace_tokens == 4
+    assert slots.step_workspace(4) is not None and slots.step_workspace(5) is None
+    ws = slots.step_workspace(4)
+    assert ws.lora_out.shape == (2, 7, 4, 8) and ws.counters.shape == (2, 7, 3)
+    assert ws.counters.dtype == torch.int32 and ws.prefix.numel() == 2 * 7 * 3 + 2 * 7 * 4 * 8
+    for token_slots in ([0, 2, -1, 2], [0, 2, -1, 2, 0, 0, 2, -1]):
+        ids, loc = build_lora_mapping(torch.tensor(token_slots), slots.max_loras)
+        plan = LoRAKernelPlan(step_workspace=True, fused_max_tokens=1 << 20)
+        batch = LoRABatch(slots, ids, loc, slots.modules_in_use(set(adapters)), plan)
+        check_forward(batch, adapters, token_slots, CPU, halves=False)

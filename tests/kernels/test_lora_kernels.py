@@ -1,8 +1,10 @@
 """Multi-slice multi-LoRA shrink/expand: reference vs a per-token loop, Triton vs reference.
 
 Rank padding of every weight, and every weight and the scaling of a slot that targets no slice,
-is NaN, so a kernel that reads past a (slot, slice)'s rank, or computes for an empty one,
-poisons its output and fails. Shrink outputs start as a sentinel: the shrink must zero them.
+is NaN, so a kernel that uses anything past a (slot, slice)'s rank, or computes for an empty
+one, poisons its output and fails. Shrink outputs start as a sentinel: the shrink must zero
+them (or, told not to, add to them). The fused shrink + expand is checked against the
+reference's composition of the two, including when it never sees the shrink's signals.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -99,6 +102,8 @@ def make_batch(
 
 # (ranks[slice][slot], tokens per slot, tokens without adapter, max_rank, slice sizes)
 CASES = {
+    # 3 segments of BLOCK_M + 1 tokens: the segment-tile grid's bound is exactly reached.
+    "tight-segment-tiles": ([[8, 8, 8]], [17, 17, 17], 0, 8, (24,)),
     "1-adapter-r4": ([[4]], [5], 0, 4, (72,)),
     "1-token": ([[8, 16]], [0, 1], 0, 16, (72,)),
     "no-adapter-tokens": ([[16, 8]], [0, 0], 6, 16, (72,)),
@@ -159,14 +164,66 @@ def _y(batch: LoRABatch, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(batch.x.shape[0], width, device=batch.x.device).to(dtype)
 
 
-@pytest.fixture(params=["default", "split-k"])
+SHRINK = "loraplex.kernels.triton.lora_shrink"
+EXPAND = "loraplex.kernels.triton.lora_expand"
+FUSED = "loraplex.kernels.triton.lora_shrink_expand"
+
+
+def _use_slot_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A (token tile x slot) grid instead of segment tiles (lora_shrink.COMPACT_GRID)."""
+    monkeypatch.setattr(importlib.import_module(SHRINK), "COMPACT_GRID", False)
+
+
+def launch_params(*variants: str) -> list[Any]:
+    """(launch variant, dtype) pairs: the default tiles in every dtype, the other variants (which
+    change index arithmetic only) in float32."""
+    params = [
+        pytest.param("default", p.values[0], marks=p.marks, id=f"default-{p.id}") for p in DTYPES
+    ]
+    return params + [pytest.param(v, torch.float32, id=f"{v}-fp32") for v in variants]
+
+
+@pytest.fixture
 def shrink_tiles(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The launcher's tile table, or one whose tiny K chunks split IN_DIM over 7 programs
-    (the last one partial), for every number of tokens."""
+    """The launcher's tile table (rank tiles of 16 for these small batches); or, for every
+    number of tokens, tiny K chunks that split IN_DIM over 7 programs (the last one partial)
+    with rank tiles up to 64; or the slot grid."""
     if request.param == "split-k":
-        module = importlib.import_module("loraplex.kernels.triton.lora_shrink")
-        tiles = module.ShrinkTiles(block_m=16, block_k=16, k_chunk=32, num_warps=4, num_stages=2)
-        monkeypatch.setattr(module, "SHRINK_TILES", ((1 << 30, tiles),))
+        module = importlib.import_module(SHRINK)
+        row = module.ShrinkTiles(
+            16, block_k=16, k_chunk=32, max_block_n=64, num_warps=4, num_stages=2
+        )
+        monkeypatch.setattr(module, "SHRINK_TILES", ((1 << 30, row),))
+    elif request.param == "slot-grid":
+        _use_slot_grid(monkeypatch)
+    return str(request.param)
+
+
+@pytest.fixture
+def expand_tiles(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The launcher's tile table; or rank steps up to 64 (the decode row's are 16) for every
+    number of tokens; or the slot grid."""
+    if request.param == "wide-rank-steps":
+        module = importlib.import_module(EXPAND)
+        row = module.ExpandTiles(16, block_n=32, max_block_k=64, num_warps=4, num_stages=2)
+        monkeypatch.setattr(module, "EXPAND_TILES", ((1 << 30, row),))
+    elif request.param == "slot-grid":
+        _use_slot_grid(monkeypatch)
+    return str(request.param)
+
+
+@pytest.fixture
+def fused_tiles(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """lora_shrink_expand's tiles (rank tiles and steps of 16); or split-K into 7 chunks with
+    rank tiles and steps up to 64 and narrow column tiles; or the slot grid."""
+    if request.param == "split-k":
+        module = importlib.import_module(FUSED)
+        row = module.FusedTiles(
+            16, block_k=16, k_chunk=32, block_n=32, max_block_r=64, num_warps=4, num_stages=2
+        )
+        monkeypatch.setattr(module, "FUSED_TILES", row)
+    elif request.param == "slot-grid":
+        _use_slot_grid(monkeypatch)
     return str(request.param)
 
 
@@ -208,6 +265,28 @@ def test_reference_expand_matches_per_token_loop(
     torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_reference_shrink_without_zero_out_adds_into_out() -> None:
+    cpu = torch.device("cpu")
+    batch = make_batch([[8, 0], [4, 16]], [3, 5], 2, 16, (16, 8), torch.float32, cpu)
+    start = torch.randn(batch.shape)
+    out = start.clone()
+    reference.lora_shrink(batch.x, batch.lora_a, *batch.mapping, out, zero_out=False)
+    torch.testing.assert_close(out, start + naive_shrink(batch), atol=1e-5, rtol=1e-5)
+
+
+def test_reference_shrink_expand_is_shrink_then_expand() -> None:
+    cpu = torch.device("cpu")
+    batch = make_batch([[8, 0], [4, 16]], [3, 5], 2, 16, (16, 8), torch.float32, cpu)
+    lora_out = torch.zeros(batch.shape)
+    y = _y(batch, torch.float32)
+    expected = naive_expand(batch, naive_shrink(batch), y, 3)
+    counters = torch.zeros_like(batch.lora_ranks)
+    args = (batch.scalings, y, 3, batch.slice_sizes, lora_out, counters)
+    reference.lora_shrink_expand(batch.x, batch.lora_a, batch.lora_b, *batch.mapping, *args)
+    torch.testing.assert_close(lora_out, naive_shrink(batch), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_reference_zeroes_shrink_rows_and_leaves_y_rows_without_adapter() -> None:
     """Shrink rows of no-adapter tokens and of rank-0 (slot, slice) pairs become 0; the expand
     leaves those y columns untouched and changes every adapted one."""
@@ -229,7 +308,9 @@ def test_reference_zeroes_shrink_rows_and_leaves_y_rows_without_adapter() -> Non
 
 
 @pytest.mark.parametrize(CASE_ARGS, CASE_PARAMS)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("shrink_tiles", "dtype"), launch_params("split-k", "slot-grid"), indirect=["shrink_tiles"]
+)
 def test_triton_shrink_matches_reference(
     triton_kernels: ModuleType,
     device: torch.device,
@@ -250,11 +331,16 @@ def test_triton_shrink_matches_reference(
 
 
 @pytest.mark.parametrize(CASE_ARGS, CASE_PARAMS)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("expand_tiles", "dtype"),
+    launch_params("wide-rank-steps", "slot-grid"),
+    indirect=["expand_tiles"],
+)
 @pytest.mark.parametrize("y_offset", [0, 24])
 def test_triton_expand_matches_reference(
     triton_kernels: ModuleType,
     device: torch.device,
+    expand_tiles: str,
     ranks: list[list[int]],
     tokens_per_slot: list[int],
     num_plain: int,
@@ -271,6 +357,72 @@ def test_triton_expand_matches_reference(
     reference.lora_expand(lora_out, batch.lora_b, *batch.mapping, args[0], expected, *args[1:])
     triton_kernels.lora_expand(lora_out, batch.lora_b, *batch.mapping, args[0], actual, *args[1:])
     torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("shrink_tiles", "dtype"), launch_params("split-k"), indirect=["shrink_tiles"]
+)
+def test_triton_shrink_without_zero_out_adds_into_out(
+    triton_kernels: ModuleType, device: torch.device, shrink_tiles: str, dtype: torch.dtype
+) -> None:
+    batch = make_batch([[16, 0, 4], [8, 16, 0]], [3, 20, 6], 2, 16, (16, 8), dtype, device)
+    expected = torch.randn(batch.shape, device=device)
+    actual = expected.clone()
+    reference.lora_shrink(batch.x, batch.lora_a, *batch.mapping, expected, zero_out=False)
+    triton_kernels.lora_shrink(batch.x, batch.lora_a, *batch.mapping, actual, zero_out=False)
+    torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
+
+
+def _shrink_expand(
+    impl: ModuleType, batch: LoRABatch, dtype: torch.dtype, counters: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lora_out, y) after impl.lora_shrink_expand from zeroed buffers (or these counters)."""
+    torch.manual_seed(1)
+    y = _y(batch, dtype)
+    lora_out = torch.zeros(batch.shape, device=batch.x.device)
+    if counters is None:
+        counters = torch.zeros_like(batch.lora_ranks)
+    args = (batch.scalings, y, 24, batch.slice_sizes, lora_out, counters)
+    impl.lora_shrink_expand(batch.x, batch.lora_a, batch.lora_b, *batch.mapping, *args)
+    return lora_out, y
+
+
+@pytest.mark.parametrize(CASE_ARGS, CASE_PARAMS)
+@pytest.mark.parametrize(
+    ("fused_tiles", "dtype"), launch_params("split-k", "slot-grid"), indirect=["fused_tiles"]
+)
+def test_triton_shrink_expand_matches_reference(
+    triton_kernels: ModuleType,
+    device: torch.device,
+    fused_tiles: str,
+    ranks: list[list[int]],
+    tokens_per_slot: list[int],
+    num_plain: int,
+    max_rank: int,
+    slice_sizes: tuple[int, ...],
+    dtype: torch.dtype,
+) -> None:
+    batch = make_batch(ranks, tokens_per_slot, num_plain, max_rank, slice_sizes, dtype, device)
+    fused = importlib.import_module(FUSED)
+    lora_out, y = _shrink_expand(fused, batch, dtype)
+    expected_lora_out, expected_y = _shrink_expand(reference, batch, dtype)
+    torch.testing.assert_close(lora_out, expected_lora_out, atol=ATOL[dtype], rtol=1e-2)
+    torch.testing.assert_close(y, expected_y, atol=ATOL[dtype], rtol=1e-2)
+
+
+def test_triton_shrink_expand_without_signals_computes_rows_itself(
+    triton_kernels: ModuleType, device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counters that never reach their expected counts, as if no shrink program ran first: every
+    expand program gives up waiting after MAX_SPINS polls and computes its rows itself."""
+    fused = importlib.import_module(FUSED)
+    monkeypatch.setattr(fused, "MAX_SPINS", 2)
+    ranks = [[16, 0, 4, 40], [8, 16, 0, 40], [0, 4, 16, 40]]
+    batch = make_batch(ranks, [3, 17, 6, 2], 2, 64, (40, 16, 24), torch.float32, device)
+    stuck = torch.full_like(batch.lora_ranks, -(1 << 20))
+    _, y = _shrink_expand(fused, batch, torch.float32, counters=stuck)
+    _, expected_y = _shrink_expand(reference, batch, torch.float32)
+    torch.testing.assert_close(y, expected_y, atol=ATOL[torch.float32], rtol=1e-2)
 
 
 def test_triton_on_a_range_of_slices(triton_kernels: ModuleType, device: torch.device) -> None:
@@ -342,3 +494,19 @@ def test_triton_launchers_reject_bad_inputs(
         triton_kernels.lora_expand(out, batch.lora_b, *args, 1, (16, 16))
     with pytest.raises(ValueError, match="slice sizes"):
         triton_kernels.lora_expand(out, batch.lora_b, *args, 0, (16, 8))
+    y = torch.zeros(3, 32, device=device)
+    fused = importlib.import_module(FUSED)
+    for counters in (batch.lora_ranks.float(), batch.lora_ranks[:, :0]):
+        with pytest.raises(ValueError, match="counters"):
+            fused.lora_shrink_expand(
+                batch.x,
+                batch.lora_a,
+                batch.lora_b,
+                *batch.mapping,
+                batch.scalings,
+                y,
+                0,
+                (16, 16),
+                out,
+                counters,
+            )
