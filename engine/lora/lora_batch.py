@@ -51,7 +51,9 @@ def lora_shrink_expand(x: torch.Tensor, *args: Any) -> None:
 class LoRAKernelPlan:
     step_workspace: bool = True  # one memset per step instead of one per shrink
     fused_max_tokens: int = 0  # steps up to this many tokens use lora_shrink_expand (0: never)
-    overlap_shrink: bool = False  # begin() shrinks on the side stream (CUDA)
+    # begin() shrinks on the side stream (CUDA), overlapping the base GEMM: measured on the
+    # H200 at 28 us per layer of a decode step against 39 without (bench/results).
+    overlap_shrink: bool = True
 
 
 DEFAULT_PLAN = LoRAKernelPlan()

@@ -15,7 +15,7 @@ every cached position before it, read through `block_tables[seq]`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -31,10 +31,19 @@ class AttentionMetadata:
 
 
 class LoRAApplier(Protocol):
-    """Adds the LoRA deltas of this step's adapters to a projection's output (engine/lora)."""
+    """Adds the LoRA deltas of this step's adapters to a projection's output (engine/lora).
+
+    `begin` (the shrink, x @ A.T) is called before the projection's GEMM so the two may
+    overlap; `finish` adds the expanded, scaled deltas into y. `apply` does both at once.
+    """
 
     def apply(self, layer_idx: int, slice_names: tuple[str, ...], slice_sizes: tuple[int, ...],
               x: torch.Tensor, y: torch.Tensor) -> None: ...
+
+    def begin(self, layer_idx: int, slice_names: tuple[str, ...], slice_sizes: tuple[int, ...],
+              x: torch.Tensor) -> Any: ...
+
+    def finish(self, shrunk: Any, y: torch.Tensor) -> None: ...
 
 
 @dataclass

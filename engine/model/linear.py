@@ -49,9 +49,12 @@ class MergedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x [T, input_size] -> [T, output_size]"""
+        if ctx.lora is None:
+            return F.linear(x, self.weight, self.bias)
+        # The shrink only reads x, so it may run beside the base GEMM (on a side stream).
+        shrunk = ctx.lora.begin(self.layer_idx, self.slice_names, self.slice_sizes, x)
         y = F.linear(x, self.weight, self.bias)
-        if ctx.lora is not None:
-            ctx.lora.apply(self.layer_idx, self.slice_names, self.slice_sizes, x, y)
+        ctx.lora.finish(shrunk, y)
         return y
 
     def extra_repr(self) -> str:

@@ -144,8 +144,15 @@ class RecordingLoRA:
 
     def apply(self, layer_idx: int, slice_names: tuple[str, ...],
               slice_sizes: tuple[int, ...], x: torch.Tensor, y: torch.Tensor) -> None:
-        self.calls.append((layer_idx, slice_names, slice_sizes, x.shape[-1], y.shape[-1]))
-        if layer_idx == 0 and slice_names == ("o_proj",):
+        self.finish(self.begin(layer_idx, slice_names, slice_sizes, x), y)
+
+    def begin(self, layer_idx: int, slice_names: tuple[str, ...],
+              slice_sizes: tuple[int, ...], x: torch.Tensor) -> tuple:
+        return (layer_idx, slice_names, slice_sizes, x.shape[-1])
+
+    def finish(self, shrunk: tuple, y: torch.Tensor) -> None:
+        self.calls.append((*shrunk, y.shape[-1]))
+        if shrunk[0] == 0 and shrunk[1] == ("o_proj",):
             y.add_(1.0)
 
 
