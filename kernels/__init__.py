@@ -3,13 +3,19 @@
 `LORAPLEX_KERNELS=reference` forces the reference everywhere (debugging, A/B checks).
 """
 
-from loraplex.kernels.dispatch import lora_expand, lora_shrink, paged_attention, reshape_and_cache
+from loraplex.kernels.dispatch import (
+    apply_rotary_pos_emb,
+    fused_add_rms_norm,
+    lora_expand,
+    lora_shrink,
+    lora_shrink_expand,
+    paged_attention,
+    reshape_and_cache,
+    rms_norm,
+    silu_and_mul,
+)
 from loraplex.kernels.lora_mapping import build_lora_mapping
 
-__all__ = [
-    "build_lora_mapping",
-    "lora_expand",
-    "lora_shrink",
-    "paged_attention",
-    "reshape_and_cache",
-]
+__all__ = ["apply_rotary_pos_emb", "build_lora_mapping", "fused_add_rms_norm", "lora_expand",
+           "lora_shrink", "lora_shrink_expand", "paged_attention", "reshape_and_cache",
+           "rms_norm", "silu_and_mul"]

@@ -27,6 +27,9 @@ def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and _triton_available()
 
 
+# The Triton package is imported on the first CUDA call only, so CPU hosts need no Triton.
+
+
 def _dispatch(name: str) -> Callable[..., Any]:
     reference_fn = getattr(reference, name)
 
@@ -45,3 +48,8 @@ paged_attention = _dispatch("paged_attention")
 reshape_and_cache = _dispatch("reshape_and_cache")
 lora_shrink = _dispatch("lora_shrink")
 lora_expand = _dispatch("lora_expand")
+lora_shrink_expand = _dispatch("lora_shrink_expand")
+rms_norm = _dispatch("rms_norm")
+fused_add_rms_norm = _dispatch("fused_add_rms_norm")
+apply_rotary_pos_emb = _dispatch("apply_rotary_pos_emb")
+silu_and_mul = _dispatch("silu_and_mul")

@@ -26,25 +26,11 @@ How the kernels are launched (`LoRAKernelPlan`; bench/kernels_check.py times the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from loraplex.engine.lora.lora_slots import LoRASlots, StepWorkspace
-from loraplex.kernels import lora_expand, lora_shrink
-from loraplex.kernels.dispatch import _use_triton
-from loraplex.kernels.reference import lora as reference_lora
-
-
-def lora_shrink_expand(x: torch.Tensor, *args: Any) -> None:
-    """The fused launch: Triton on CUDA, the reference (its spec) elsewhere. Registered here
-    until kernels/dispatch.py exports it with the other kernels."""
-    if _use_triton(x):
-        from loraplex.kernels.triton.lora_shrink_expand import lora_shrink_expand as fused
-
-        fused(x, *args)
-    else:
-        reference_lora.lora_shrink_expand(x, *args)
+from loraplex.kernels import lora_expand, lora_shrink, lora_shrink_expand
 
 
 @dataclass(frozen=True)

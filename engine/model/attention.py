@@ -8,8 +8,7 @@ from torch import nn
 from loraplex.engine.model.forward_context import ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.linear import MergedLinear
-from loraplex.kernels import paged_attention, reshape_and_cache
-from loraplex.kernels.fused_ops import apply_rotary_pos_emb
+from loraplex.kernels import apply_rotary_pos_emb, paged_attention, reshape_and_cache
 
 
 class Attention(nn.Module):

@@ -1,6 +1,6 @@
 """Small layers of the Llama-family decoder: RMSNorm (with the fused residual add) and SwiGLU.
 
-The math lives in `loraplex.kernels.fused_ops` (Triton on CUDA, the HF-exact reference on CPU).
+The math lives in `loraplex.kernels` (Triton on CUDA, the HF-exact reference on CPU).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import overload
 import torch
 from torch import nn
 
-from loraplex.kernels.fused_ops import fused_add_rms_norm, rms_norm, silu_and_mul
+from loraplex.kernels import fused_add_rms_norm, rms_norm, silu_and_mul
 
 
 class RMSNorm(nn.Module):

@@ -3,6 +3,7 @@ model run through the Triton path against the reference path."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -14,7 +15,6 @@ from loraplex.engine.model import load_model
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
 from loraplex.engine.model.hf_config import RopeConfig
 from loraplex.engine.model.rotary import RotaryEmbedding
-from loraplex.kernels import fused_ops
 from loraplex.kernels.reference import fused_ops as reference
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -32,9 +32,10 @@ def has_exact_casts(dtype: torch.dtype, device: torch.device) -> bool:
 @pytest.fixture
 def fused(triton_kernels: ModuleType) -> SimpleNamespace:
     """The Triton fused-op modules (the `triton_kernels` fixture checks Triton can run)."""
-    from loraplex.kernels.triton import rms_norm, rotary, silu_and_mul
-
-    return SimpleNamespace(rms_norm=rms_norm, rotary=rotary, silu_and_mul=silu_and_mul)
+    # By module path: the package re-exports functions of the same names as these modules.
+    names = ("rms_norm", "rotary", "silu_and_mul")
+    return SimpleNamespace(**{n: importlib.import_module(f"loraplex.kernels.triton.{n}")
+                              for n in names})
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -225,9 +226,15 @@ def test_model_through_triton_fused_ops_matches_reference_path(
             "original_max_position_embeddings": 4,
         },
     )
-    monkeypatch.setattr(fused_ops, "_use_triton", lambda t: False)
-    expected = run_model(path, dtype, device)
-    monkeypatch.setattr(fused_ops, "_use_triton", lambda t: True)
+    expected = run_model(path, dtype, device)  # CPU: the reference path
+    # Swap in the Triton fused ops only (attention stays on the reference: the interpreter
+    # has no bf16 dot); the model modules hold their own references to the dispatched ops.
+    from loraplex.engine.model import attention, layers
+
+    monkeypatch.setattr(layers, "rms_norm", fused.rms_norm.rms_norm)
+    monkeypatch.setattr(layers, "fused_add_rms_norm", fused.rms_norm.fused_add_rms_norm)
+    monkeypatch.setattr(layers, "silu_and_mul", fused.silu_and_mul.silu_and_mul)
+    monkeypatch.setattr(attention, "apply_rotary_pos_emb", fused.rotary.apply_rotary_pos_emb)
     actual = run_model(path, dtype, device)
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
