@@ -24,9 +24,12 @@ Run on a CUDA machine from the repo root, after `pip install -e . --no-deps` (th
    then timed as CUDA graphs of all 32 layers: 'lora' = the LoRA launches alone, 'step' = (base
    GEMMs + LoRA) - (base GEMMs), both per layer, at T = 32/64 (decode: every variant) and
    256/2048 (prefill sizes, where the plans coincide: legacy vs current launches). The
-   overlapped-shrink variant calls begin / GEMM / finish as MergedLinear would. Then candidate
-   decode tiles for the shrink, the expand and the fused kernel (lora graphs, T = 64). Each
-   table ends with the best variant or tiles.
+   overlapped-shrink variants call begin / GEMM / finish as MergedLinear would (the last one
+   passing the residual stream as o_proj's and down_proj's `delta_into`, as the model does).
+   Then, unless `--no-sweep`, candidate decode tiles for the shrink, the expand and the fused
+   kernel (lora graphs, T = 64). Each table ends with the best variant or tiles. With
+   `--prefill-sweep`, prefill-row candidates for the shrink and the expand, each kernel alone at
+   T = 4096 (offline_throughput.py's prefill step), summed over a layer's 4 slice groups.
 
 Prints everything to stdout; writes a JSON summary to $OUT/kernels.json when OUT is set. Exits 1
 if any check fails (a variant that fails its check is reported and not timed). Budget: well
@@ -420,6 +423,8 @@ class DecodeStep:
         token_slots = torch.arange(num_tokens, device=DEVICE) % MAX_LORAS
         self.ids, self.loc = build_lora_mapping(token_slots, MAX_LORAS)
         self.x, self.y = {}, {}
+        # The residual stream that o_proj's and down_proj's outputs are added to next.
+        self.residual = torch.zeros(num_tokens, HIDDEN, device=DEVICE, dtype=DTYPE)
         for names, group in slots.groups.items():
             in_dim = group.lora_a.shape[-1]
             self.x[names] = torch.randn(num_tokens, in_dim, device=DEVICE, dtype=DTYPE)
@@ -428,8 +433,14 @@ class DecodeStep:
             )
 
     def run(
-        self, plan: LoRAKernelPlan | None, with_base: bool, num_layers: int | None = None
+        self,
+        plan: LoRAKernelPlan | None,
+        with_base: bool,
+        num_layers: int | None = None,
+        into_residual: bool = False,
     ) -> None:
+        """One step's projections; `into_residual`: o_proj's and down_proj's deltas go into the
+        residual stream (`begin(..., delta_into=residual)`), as MergedLinear passes them."""
         batch = None
         if plan is not None:
             modules = set(self.slots.module_shapes)
@@ -438,7 +449,8 @@ class DecodeStep:
             for names, group in self.slots.groups.items():
                 x, y, sizes = self.x[names], self.y[names], group.slice_sizes
                 if batch is not None and batch.plan.overlap_shrink:
-                    shrunk = batch.begin(layer, names, sizes, x)
+                    residual = self.residual if into_residual and len(names) == 1 else None
+                    shrunk = batch.begin(layer, names, sizes, x, delta_into=residual)
                     if with_base:
                         torch.matmul(x, self.base[layer][names].T, out=y)
                     batch.finish(shrunk, y)
@@ -448,12 +460,15 @@ class DecodeStep:
                 if batch is not None:
                     batch.apply(layer, names, sizes, x, y)
 
-    def check(self, plan: LoRAKernelPlan, label: str) -> bool:
-        """Layer 0's deltas, from y = 0, against the reference kernels."""
+    def check(self, plan: LoRAKernelPlan, label: str, into_residual: bool = False) -> bool:
+        """Layer 0's deltas, from y = 0 (and residual = 0), against the reference kernels. With
+        `into_residual` the residual must hold o's plus down's deltas, and their y stay 0."""
         ok = True
+        self.residual.zero_()
         for y in self.y.values():
             y.zero_()
-        self.run(plan, with_base=False, num_layers=1)
+        self.run(plan, with_base=False, num_layers=1, into_residual=into_residual)
+        residual_expected = torch.zeros_like(self.residual)
         for names, group in self.slots.groups.items():
             lora_out = torch.zeros(
                 len(names), self.ids.shape[0], self.slots.max_lora_rank, device=DEVICE
@@ -463,8 +478,14 @@ class DecodeStep:
             expected = torch.zeros_like(self.y[names])
             args = (self.slots.scalings, expected, 0, group.slice_sizes)
             reference_lora.lora_expand(lora_out, group.lora_b[0], *mapping, *args)
+            if into_residual and len(names) == 1:
+                residual_expected += expected
+                expected = torch.zeros_like(expected)
             name = f"{label} {'_'.join(names)}"
             ok &= report("correctness", name, self.y[names], expected, quiet=True)
+        if into_residual:
+            name = f"{label} o+down into the residual"
+            ok &= report("correctness", name, self.residual, residual_expected, quiet=True)
         return ok
 
 
@@ -478,6 +499,7 @@ class Variant:
     shrink: Any = None  # ShrinkTiles for the decode row
     expand: Any = None  # ExpandTiles for the decode row
     fused: Any = None  # FusedTiles
+    into_residual: bool = False  # o/down deltas into the residual stream (MergedLinear's way)
 
 
 def shrink_module() -> Any:
@@ -512,22 +534,32 @@ def variants() -> list[Variant]:
     # a (token tile x slot) grid, rank tiles as wide as max_lora_rank.
     legacy_shrink = dataclasses.replace(sm.SHRINK_TILES[0][1], max_block_n=64)
     legacy_expand = dataclasses.replace(em.EXPAND_TILES[0][1], max_block_k=64)
-    workspace = LoRAKernelPlan(step_workspace=True)
+    # Each plan names overlap_shrink: it defaults to on (the engine's plan).
+    workspace = LoRAKernelPlan(step_workspace=True, overlap_shrink=False)
+    per_launch = LoRAKernelPlan(step_workspace=False, overlap_shrink=False)
     return [
         Variant(
             "legacy: memset/launch, slot grid",
-            LoRAKernelPlan(step_workspace=False),
+            per_launch,
             compact_grid=False,
             shrink=legacy_shrink,
             expand=legacy_expand,
         ),
-        Variant("memset/launch", LoRAKernelPlan(step_workspace=False)),
+        Variant("memset/launch", per_launch),
         Variant("step workspace, slot grid", workspace, compact_grid=False),
         Variant("step workspace", workspace),
-        Variant("step workspace + fused", LoRAKernelPlan(step_workspace=True, fused_max_tokens=64)),
+        Variant(
+            "step workspace + fused",
+            LoRAKernelPlan(step_workspace=True, fused_max_tokens=64, overlap_shrink=False),
+        ),
         Variant(
             "step workspace + overlapped shrink",
             LoRAKernelPlan(step_workspace=True, overlap_shrink=True),
+        ),
+        Variant(
+            "... + o/down deltas into the residual",
+            LoRAKernelPlan(step_workspace=True, overlap_shrink=True),
+            into_residual=True,
         ),
     ]
 
@@ -581,11 +613,13 @@ def time_variant(
     """Check, then time the variant: lora us/layer (and step us/layer with the base GEMMs)."""
     try:
         with using(variant):
-            if not step.check(variant.plan, label):
+            into = variant.into_residual
+            if not step.check(variant.plan, label, into_residual=into):
                 return None
-            out = {"lora_us": graph_us(lambda: step.run(variant.plan, False)) / NUM_LAYERS}
+            lora_only = functools.partial(step.run, variant.plan, False, into_residual=into)
+            out = {"lora_us": graph_us(lora_only) / NUM_LAYERS}
             if base_us is not None:
-                total = graph_us(lambda: step.run(variant.plan, True))
+                total = graph_us(functools.partial(step.run, variant.plan, True, into_residual=into))
                 out["step_us"] = (total - base_us) / NUM_LAYERS
             return out
     except Exception:  # a variant that cannot compile or run is reported, the rest still run
@@ -635,8 +669,115 @@ def time_lora_decode() -> bool:
                 f" target <= 30 at T 64)"
             )
     results["timings"]["lora_decode_us_per_layer"] = table
-    ok &= sweep_decode_tiles(base)
+    if "--no-sweep" not in sys.argv:
+        ok &= sweep_decode_tiles(base)
+    if "--prefill-sweep" in sys.argv:
+        ok &= sweep_prefill_tiles()
     return ok
+
+
+PREFILL_SWEEP_TOKENS = 4096  # offline_throughput.py's max_num_batched_tokens
+
+
+def prefill_candidates() -> tuple[list[Any], list[Any]]:
+    """Prefill-row (last row) candidates: the current tiles first."""
+    sm, em = shrink_module(), expand_module()
+    shrinks = [
+        sm.SHRINK_TILES[-1][1],
+        sm.ShrinkTiles(64, block_k=128, k_chunk=1024, max_block_n=64, num_warps=4, num_stages=3),
+        sm.ShrinkTiles(128, block_k=64, k_chunk=1024, max_block_n=64, num_warps=4, num_stages=3),
+        sm.ShrinkTiles(128, block_k=64, k_chunk=2048, max_block_n=64, num_warps=8, num_stages=3),
+        sm.ShrinkTiles(64, block_k=64, k_chunk=2048, max_block_n=64, num_warps=4, num_stages=4),
+    ]
+    expands = [
+        em.EXPAND_TILES[-1][1],
+        em.ExpandTiles(64, block_n=256, max_block_k=64, num_warps=4, num_stages=2),
+        em.ExpandTiles(128, block_n=128, max_block_k=64, num_warps=4, num_stages=2),
+        em.ExpandTiles(128, block_n=128, max_block_k=64, num_warps=8, num_stages=2),
+        em.ExpandTiles(64, block_n=128, max_block_k=64, num_warps=8, num_stages=3),
+    ]
+    return shrinks, expands
+
+
+def sweep_prefill_tiles() -> bool:
+    """Each kernel alone at a prefill step (T 4096, 8 adapters x rank 16 in runs of 512 tokens,
+    max_lora_rank 16), per slice group, for each prefill-row candidate; checked, then timed."""
+    print(
+        f"prefill tile candidates: us per layer (sum of the 4 groups), T {PREFILL_SWEEP_TOKENS},"
+        " the base GEMMs for scale"
+    )
+    sm, em = shrink_module(), expand_module()
+    num_tokens = PREFILL_SWEEP_TOKENS
+    slots = create_lora_slots(16)
+    token_slots = (torch.arange(num_tokens, device=DEVICE) // 512) % MAX_LORAS
+    ids, loc = build_lora_mapping(token_slots, MAX_LORAS)
+    groups = []
+    base_ms = 0.0
+    for names, group in slots.groups.items():
+        in_dim, out_dim = group.lora_a.shape[-1], sum(group.slice_sizes)
+        x = torch.randn(num_tokens, in_dim, device=DEVICE, dtype=DTYPE)
+        y = torch.zeros(num_tokens, out_dim, device=DEVICE, dtype=DTYPE)
+        w = torch.empty(out_dim, in_dim, device=DEVICE, dtype=DTYPE).normal_(0.0, in_dim**-0.5)
+        base_ms += bench_ms(functools.partial(torch.matmul, x, w.T))
+        lora_out = torch.zeros(len(names), num_tokens, 16, device=DEVICE)
+        expected_out = torch.zeros_like(lora_out)
+        mapping = (ids, loc, group.ranks)
+        reference_lora.lora_shrink(x, group.lora_a[0], *mapping, expected_out)
+        expected_y = torch.zeros_like(y)
+        args = (slots.scalings, expected_y, 0, group.slice_sizes)
+        reference_lora.lora_expand(expected_out, group.lora_b[0], *mapping, *args)
+        groups.append((names, group, x, y, lora_out, expected_out, expected_y))
+    print(f"  base GEMMs {base_ms * 1e3:8.1f} us per layer")
+    ok = True
+    shrinks, expands = prefill_candidates()
+    sweep: dict[str, float] = {"base_gemms_us_per_layer": base_ms * 1e3}
+    for kind, candidates in (("shrink", shrinks), ("expand", expands)):
+        table = sm.SHRINK_TILES if kind == "shrink" else em.EXPAND_TILES
+        for tiles in candidates:
+            rows = (*table[:-1], (table[-1][0], tiles))
+            if kind == "shrink":
+                sm.SHRINK_TILES = rows
+            else:
+                em.EXPAND_TILES = rows
+            try:
+                total_ms = 0.0
+                for names, group, x, y, lora_out, expected_out, expected_y in groups:
+                    mapping = (ids, loc, group.ranks)
+                    if kind == "shrink":
+                        def fn(x=x, a=group.lora_a[0], m=mapping, o=lora_out) -> None:
+                            tk_shrink()(x, a, *m, o)
+                        fn()
+                        ok &= report("correctness", f"prefill {kind} {names} {tiles}", lora_out,
+                                     expected_out, quiet=True)
+                    else:
+                        def fn(o=expected_out, b=group.lora_b[0], m=mapping, y=y,
+                               sizes=group.slice_sizes) -> None:
+                            tk_expand()(o, b, *m, slots.scalings, y, 0, sizes)
+                        y.zero_()
+                        fn()
+                        ok &= report("correctness", f"prefill {kind} {names} {tiles}", y,
+                                     expected_y, quiet=True)
+                    total_ms += bench_ms(fn)
+                print(f"  {kind:<6} {total_ms * 1e3:8.1f} us  {tiles}")
+                sweep[f"{kind} {tiles}"] = total_ms * 1e3
+            except Exception:
+                print(f"  FAIL  prefill {kind} {tiles}: raised\n" + traceback.format_exc(limit=3))
+                ok = False
+            finally:
+                if kind == "shrink":
+                    sm.SHRINK_TILES = table
+                else:
+                    em.EXPAND_TILES = table
+    results["timings"]["prefill_tile_sweep_us_per_layer"] = sweep
+    return ok
+
+
+def tk_shrink() -> Any:
+    return importlib.import_module("loraplex.kernels.triton").lora_shrink
+
+
+def tk_expand() -> Any:
+    return importlib.import_module("loraplex.kernels.triton").lora_expand
 
 
 def print_table(table: dict[str, Any]) -> None:

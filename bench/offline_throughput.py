@@ -8,6 +8,8 @@ HF runs static batches of `--hf-batch-size` prompts, left-padded (its usual offl
 Loraplex gets every prompt at once (continuous batching). With `--adapters`, the engine runs the
 same workload once per adapter count (requests spread round-robin over random rank
 `--lora-rank` adapters on all 7 projections) and prints each run's ratio to the no-adapter run.
+`--repeats N` times N rounds that interleave the adapter counts and reports each count's median
+(with every round's figure), so one noisy run cannot make or break a ratio.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -64,12 +67,12 @@ def run_hf(model_dir: Path, prompts: list[list[int]], output_len: int, batch_siz
 
 
 def run_engine(llm: LLM, prompts: list[list[int]], output_len: int,
-               loras: list[LoRARequest | None], device: str) -> float:
+               loras: list[LoRARequest | None], device: str, warm_up: bool = True) -> float:
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True,
                             detokenize=False)
     requests = [{"prompt_token_ids": p} for p in prompts]
-    # Warm-up: the same workload once, so every kernel shape is compiled before timing.
-    llm.generate(requests, params, lora_request=loras, use_tqdm=False)
+    if warm_up:  # the same workload once, so every kernel shape is compiled before timing
+        llm.generate(requests, params, lora_request=loras, use_tqdm=False)
     sync(device)
     start = time.perf_counter()
     outs = llm.generate(requests, params, lora_request=loras, use_tqdm=False)
@@ -122,6 +125,8 @@ def main() -> None:
     ap.add_argument("--adapters", default="", help="adapter counts, e.g. 0,1,8,64")
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--max-loras", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="timed rounds over all adapter counts, interleaved; medians reported")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--torch-profile", help="write a torch.profiler table of one run here")
@@ -164,14 +169,26 @@ def main() -> None:
               gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
               enable_lora=max(counts) > 0, max_loras=args.max_loras,
               max_lora_rank=max(args.lora_rank, 8), max_cpu_loras=max(max(counts), args.max_loras))
-    base_tok_s = None
+    workloads: dict[int, list[LoRARequest | None]] = {}
     for count in counts:
         loras: list[LoRARequest | None] = [None] * len(prompts)
         if count:
             reqs = [LoRARequest(f"a{i}", i + 1, str(write_random_adapter(
                 tmp / f"adapter{i}", config, args.lora_rank, seed=i))) for i in range(count)]
             loras = [reqs[i % count] for i in range(len(prompts))]
-        seconds = run_engine(llm, prompts, args.output_len, loras, args.device)
+        workloads[count] = loras
+    # Rounds interleave the adapter counts (0, 1, 8, 0, 1, 8, ...) so that a drift of the
+    # machine (clocks, other tenants) hits every count alike; each count reports its median.
+    timings: dict[int, list[float]] = {count: [] for count in counts}
+    for round_idx in range(args.repeats):
+        for count in counts:
+            seconds = run_engine(llm, prompts, args.output_len, workloads[count], args.device,
+                                 warm_up=round_idx == 0)
+            timings[count].append(seconds)
+    base_tok_s = None
+    for count in counts:
+        loras = workloads[count]
+        seconds = statistics.median(timings[count])
         tok_s = num_out / seconds
         base_tok_s = base_tok_s or tok_s
         breakdown = step_breakdown(llm, prompts, args.output_len, loras, args.device)
@@ -190,12 +207,15 @@ def main() -> None:
                                                   row_limit=25) + "\n")
         results["runs"][f"loraplex_{count}_adapters"] = {
             "seconds": seconds, "output_tok_s": tok_s, "ratio_to_no_adapter": tok_s / base_tok_s,
-            **breakdown}
+            "seconds_each_round": timings[count], **breakdown}
         line = f"Loraplex, {count:3d} adapters (rank {args.lora_rank}): {tok_s:9.1f} output tok/s"
         line += f" ({seconds:.2f} s), {tok_s / base_tok_s:.3f}x the no-adapter run"
         if "hf" in results["runs"]:
             line += f", {tok_s / results['runs']['hf']['output_tok_s']:.2f}x HF"
         print(line, flush=True)
+        if args.repeats > 1:
+            rounds = ", ".join(f"{num_out / t:.0f}" for t in timings[count])
+            print(f"    median of {args.repeats} rounds (tok/s each: {rounds})", flush=True)
         print(f"    steps: {breakdown['prefill_steps']} with prefill "
               f"({breakdown['prefill_s']:.2f} s), {breakdown['decode_steps']} decode-only "
               f"({breakdown['decode_step_ms']:.2f} ms each)", flush=True)

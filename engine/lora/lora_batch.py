@@ -21,11 +21,19 @@ How the kernels are launched (`LoRAKernelPlan`; bench/kernels_check.py times the
 - overlap_shrink: `begin` runs the shrink on LoRASlots' side stream. A caller that calls
   `begin(x)` before its base GEMM and `finish(y)` after it overlaps the two (the shrink reads x
   only); `apply` is both halves after the GEMM, so it never overlaps.
+
+Deltas into the residual stream: o_proj's and down_proj's outputs are only ever added to the
+residual stream (by the next fused_add_rms_norm), so `begin(..., delta_into=residual)` expands
+into the residual instead of into y, right after the shrink on the same stream. Nothing of the
+LoRA then waits for the GEMM, which hides it whole on decode steps; `finish` only joins:
+
+    main stream:  ... | base GEMM  x -> y                  | join | norm(y + residual) ...
+    side stream:      | shrink x -> lora_out | expand -> residual |
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -55,7 +63,8 @@ class LoRAShrunk:
     ranks: torch.Tensor  # [num_slices, max_loras] int32
     y_offset: int
     slice_sizes: tuple[int, ...]
-    ready: torch.cuda.Event | None  # recorded after a shrink on the side stream
+    ready: torch.cuda.Event | None  # recorded after the side stream's launches
+    expanded: bool  # the deltas already went into begin's `delta_into`
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,7 @@ class LoRABatch:
                 launch.counters,
             )
             return
-        self.finish(self._shrink(launch, x, overlap=False), y)
+        self.finish(self._shrink(launch, x, overlap=False, delta_into=None), y)
 
     def begin(
         self,
@@ -122,23 +131,33 @@ class LoRABatch:
         slice_names: tuple[str, ...],
         slice_sizes: tuple[int, ...],
         x: torch.Tensor,
+        delta_into: torch.Tensor | None = None,
     ) -> LoRAShrunk | None:
-        """The shrink half of `apply`, on the side stream if the plan overlaps it; x must stay
-        alive until `finish`. None when no slice is adapted."""
+        """The shrink half of `apply`, on the side stream if the plan overlaps it; x (and
+        `delta_into`) must stay alive until `finish`. None when no slice is adapted.
+
+        `delta_into`, shaped like y: a tensor the caller adds y to before anyone reads y (the
+        residual stream). The expand then adds the deltas there, right after the shrink."""
         launch = self._prepare(layer_idx, slice_names, slice_sizes)
         if launch is None:
             return None
+        assert delta_into is None or delta_into.shape == (x.shape[0], sum(slice_sizes))
         # Only decode-sized launches gain: a prefill GEMM already fills the GPU, and sharing it
         # measured slower on the H200 (prefill steps 1.00 s against 0.89 s).
         overlap = self.plan.overlap_shrink and x.shape[0] <= OVERLAP_MAX_TOKENS
-        return self._shrink(launch, x, overlap=overlap)
+        return self._shrink(launch, x, overlap=overlap, delta_into=delta_into)
 
     def finish(self, shrunk: LoRAShrunk | None, y: torch.Tensor) -> None:
-        """The expand half of `apply`: add the deltas of `begin`'s shrink into y."""
+        """The expand half of `apply`: add the deltas of `begin`'s shrink into y (or, if they
+        went into `delta_into`, only wait for them)."""
         if shrunk is None:
             return
         if shrunk.ready is not None:
             torch.cuda.current_stream(y.device).wait_event(shrunk.ready)
+        if not shrunk.expanded:
+            self._expand(shrunk, y)
+
+    def _expand(self, shrunk: LoRAShrunk, y: torch.Tensor) -> None:
         lora_expand(
             shrunk.lora_out,
             shrunk.lora_b,
@@ -177,22 +196,35 @@ class LoRABatch:
             counters = self._workspace.counters[layer_idx, first:last]
         return _Launch(lora_a, lora_b, ranks, col_lo, slice_sizes[lo:hi], lora_out, counters)
 
-    def _shrink(self, launch: _Launch, x: torch.Tensor, overlap: bool) -> LoRAShrunk:
+    def _shrink(
+        self, launch: _Launch, x: torch.Tensor, overlap: bool, delta_into: torch.Tensor | None
+    ) -> LoRAShrunk:
+        """The shrink (and, given `delta_into`, the expand into it) on the side stream or not."""
         if launch.lora_out is None:
             shape = (len(launch.slice_sizes), x.shape[0], self.slots.max_lora_rank)
             lora_out = torch.empty(shape, dtype=torch.float32, device=x.device)  # zeroed below
         else:
             lora_out = launch.lora_out
-        mapping = (self.sorted_token_ids, self.slot_start_loc, launch.ranks)
-        ready = None
-        side = self.slots.side_stream
-        if overlap and side is not None and x.is_cuda:
-            side.wait_stream(torch.cuda.current_stream(x.device))  # x and the memset are ready
-            with torch.cuda.stream(side):
-                lora_shrink(x, launch.lora_a, *mapping, lora_out, launch.lora_out is None)
-                ready = side.record_event()
-        else:
-            lora_shrink(x, launch.lora_a, *mapping, lora_out, launch.lora_out is None)
-        return LoRAShrunk(
-            lora_out, launch.lora_b, launch.ranks, launch.y_offset, launch.slice_sizes, ready
+        shrunk = LoRAShrunk(
+            lora_out,
+            launch.lora_b,
+            launch.ranks,
+            launch.y_offset,
+            launch.slice_sizes,
+            ready=None,
+            expanded=delta_into is not None,
         )
+        mapping = (self.sorted_token_ids, self.slot_start_loc, launch.ranks)
+        side = self.slots.side_stream
+        if not (overlap and side is not None and x.is_cuda):
+            lora_shrink(x, launch.lora_a, *mapping, lora_out, launch.lora_out is None)
+            if delta_into is not None:
+                self._expand(shrunk, delta_into)
+            return shrunk
+        side.wait_stream(torch.cuda.current_stream(x.device))  # x and the memset are ready
+        with torch.cuda.stream(side):
+            lora_shrink(x, launch.lora_a, *mapping, lora_out, launch.lora_out is None)
+            if delta_into is not None:
+                self._expand(shrunk, delta_into)
+            ready = side.record_event()
+        return replace(shrunk, ready=ready)

@@ -107,8 +107,13 @@ class LoRAManager:
         assert len(needed) <= self.config.max_loras, "the scheduler caps adapters per step"
         slot_of = {h: self._activate(h, needed) for h in needed}
         token_slots = [-1 if h is None else slot_of[h] for h in token_lora_hashes]
-        slots_tensor = torch.tensor(token_slots, dtype=torch.int32).to(self.device)
-        sorted_token_ids, slot_start_loc = build_lora_mapping(slots_tensor, self.config.max_loras)
+        # Built on the host, then one copy: a handful of tiny CPU ops instead of as many GPU
+        # launches (and a sort) ahead of every step.
+        sorted_token_ids, slot_start_loc = build_lora_mapping(
+            torch.tensor(token_slots, dtype=torch.int32), self.config.max_loras)
+        packed = torch.cat([slot_start_loc, sorted_token_ids]).to(self.device, non_blocking=True)
+        slot_start_loc, sorted_token_ids = packed.split([slot_start_loc.shape[0],
+                                                         sorted_token_ids.shape[0]])
         modules = self.slots.modules_in_use(set(slot_of.values()))
         return LoRABatch(self.slots, sorted_token_ids, slot_start_loc, modules)
 

@@ -31,8 +31,12 @@ class Attention(nn.Module):
                                    arch.o_proj_bias, dtype, device)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
-        """hidden [T, hidden_size]; cos, sin [T, head_dim] -> [T, hidden_size]"""
+                ctx: ForwardContext, residual: torch.Tensor) -> torch.Tensor:
+        """hidden [T, hidden_size]; cos, sin [T, head_dim] -> [T, hidden_size]
+
+        `residual` [T, hidden_size]: the stream the output is added to next; o_proj's LoRA
+        deltas go there (MergedLinear).
+        """
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden, ctx)  # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -45,4 +49,4 @@ class Attention(nn.Module):
         reshape_and_cache(k, v, key_cache, value_cache, attn.slot_mapping)
         out = paged_attention(q, key_cache, value_cache, attn.block_tables, attn.seq_lens,
                               attn.query_start_loc, self.scale, self.sliding_window)
-        return self.o_proj(out.view(num_tokens, self.q_size), ctx)  # [T, hidden_size]
+        return self.o_proj(out.view(num_tokens, self.q_size), ctx, residual)  # [T, hidden_size]

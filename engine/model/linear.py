@@ -47,12 +47,19 @@ class MergedLinear(nn.Module):
             start += size
         raise KeyError(f"{name!r} is not a slice of {self.slice_names}")
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """x [T, input_size] -> [T, output_size]"""
+    def forward(self, x: torch.Tensor, ctx: ForwardContext,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, input_size] -> [T, output_size]
+
+        `residual` [T, output_size]: the residual stream that the caller adds y to next (o_proj,
+        down_proj). The LoRA deltas then go into it (in place) rather than into y: the sum is the
+        same, and the whole LoRA, not only its shrink, may run beside the GEMM.
+        """
         if ctx.lora is None:
             return F.linear(x, self.weight, self.bias)
         # The shrink only reads x, so it may run beside the base GEMM (on a side stream).
-        shrunk = ctx.lora.begin(self.layer_idx, self.slice_names, self.slice_sizes, x)
+        shrunk = ctx.lora.begin(self.layer_idx, self.slice_names, self.slice_sizes, x,
+                                delta_into=residual)
         y = F.linear(x, self.weight, self.bias)
         ctx.lora.finish(shrunk, y)
         return y

@@ -29,9 +29,10 @@ class MLP(nn.Module):
                                       arch.mlp_bias, dtype, device)
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """x [T, hidden_size] -> [T, hidden_size]"""
-        return self.down_proj(self.act_fn(self.gate_up_proj(x, ctx)), ctx)
+    def forward(self, x: torch.Tensor, ctx: ForwardContext,
+                residual: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden_size] -> [T, hidden_size]; down_proj's LoRA deltas go into `residual`"""
+        return self.down_proj(self.act_fn(self.gate_up_proj(x, ctx)), ctx, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -55,9 +56,9 @@ class DecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, cos, sin, ctx)
+        hidden = self.self_attn(hidden, cos, sin, ctx, residual)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden, ctx), residual
+        return self.mlp(hidden, ctx, residual), residual
 
 
 class LlamaModel(nn.Module):

@@ -149,20 +149,30 @@ def check_forward(
     batch: LoRABatch, adapters: dict, token_slots: list[int], device: torch.device, halves: bool
 ) -> None:
     """One forward: every layer's projections in model order, through `apply` (or `begin` before
-    a stand-in base matmul and `finish` after it), deltas checked against float64."""
+    a stand-in base matmul and `finish` after it), deltas checked against float64.
+
+    With `halves`, o_proj and down_proj pass a residual stream as `delta_into`, as MergedLinear
+    does: their deltas must land there, and y must stay the base output."""
     for layer in range(ARCH.num_hidden_layers):
         for names in SLICE_GROUPS:
             sizes = tuple(SHAPES[m][1] for m in names)
             x = torch.randn(len(token_slots), SHAPES[names[0]][0])
             y0 = torch.randn(len(token_slots), sum(sizes))
+            r0 = torch.randn(len(token_slots), sum(sizes))
+            residual = None
             if halves:
-                shrunk = batch.begin(layer, names, sizes, x.to(device))
+                if names in (("o_proj",), ("down_proj",)):
+                    residual = r0.to(device, copy=True)
+                shrunk = batch.begin(layer, names, sizes, x.to(device), delta_into=residual)
                 y = y0.to(device, copy=True)  # the base GEMM's output, after begin
                 batch.finish(shrunk, y)
             else:
                 y = y0.to(device, copy=True)
                 batch.apply(layer, names, sizes, x.to(device), y)
             delta = expected_delta(adapters, token_slots, layer, names, x)
+            if residual is not None:
+                torch.testing.assert_close(y.cpu(), y0)
+                y, y0 = residual, r0
             torch.testing.assert_close(y.cpu().double() - y0.double(), delta, atol=1e-4, rtol=1e-4)
 
 
