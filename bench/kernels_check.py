@@ -87,12 +87,17 @@ results: dict[str, Any] = {"correctness": [], "cuda_graphs": [], "timings": {}}
 
 
 def report(
-    section: str, name: str, actual: torch.Tensor, expected: torch.Tensor, quiet: bool = False
+    section: str,
+    name: str,
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    quiet: bool = False,
+    atol: float = ATOL,
 ) -> bool:
     """Record (and print, unless quiet and passing) a Triton-vs-reference comparison."""
     err = (actual.float() - expected.float()).abs()
     max_err = float(err.nan_to_num(float("inf")).max()) if err.numel() else 0.0
-    ok = bool(torch.allclose(actual.float(), expected.float(), atol=ATOL, rtol=RTOL))
+    ok = bool(torch.allclose(actual.float(), expected.float(), atol=atol, rtol=RTOL))
     if not (ok and quiet):
         print(f"  {'PASS' if ok else 'FAIL'}  {name:<58} max abs err {max_err:.3e}")
     results[section].append({"name": name, "max_abs_err": max_err, "pass": ok})
@@ -468,14 +473,16 @@ class DecodeStep:
         for y in self.y.values():
             y.zero_()
         self.run(plan, with_base=False, num_layers=1, into_residual=into_residual)
-        residual_expected = torch.zeros_like(self.residual)
+        residual_expected = torch.zeros_like(self.residual, dtype=torch.float32)
         for names, group in self.slots.groups.items():
             lora_out = torch.zeros(
                 len(names), self.ids.shape[0], self.slots.max_lora_rank, device=DEVICE
             )
             mapping = (self.ids, self.loc, group.ranks)
             reference_lora.lora_shrink(self.x[names], group.lora_a[0], *mapping, lora_out)
-            expected = torch.zeros_like(self.y[names])
+            # float32: o's and down's deltas sum in the residual, and a bf16 expected value
+            # would add a rounding of its own to the comparison.
+            expected = torch.zeros_like(self.y[names], dtype=torch.float32)
             args = (self.slots.scalings, expected, 0, group.slice_sizes)
             reference_lora.lora_expand(lora_out, group.lora_b[0], *mapping, *args)
             if into_residual and len(names) == 1:
@@ -484,8 +491,12 @@ class DecodeStep:
             name = f"{label} {'_'.join(names)}"
             ok &= report("correctness", name, self.y[names], expected, quiet=True)
         if into_residual:
+            # The sum went through a bf16 intermediate (o's delta alone, up to ~8 here, where a
+            # bf16 step is 1/32): allow two such steps, even where the sum itself is small.
             name = f"{label} o+down into the residual"
-            ok &= report("correctness", name, self.residual, residual_expected, quiet=True)
+            ok &= report(
+                "correctness", name, self.residual, residual_expected, quiet=True, atol=1 / 16
+            )
         return ok
 
 

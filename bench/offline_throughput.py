@@ -15,8 +15,11 @@ same workload once per adapter count (requests spread round-robin over random ra
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import io
 import json
+import pstats
 import statistics
 import sys
 import tempfile
@@ -82,8 +85,10 @@ def run_engine(llm: LLM, prompts: list[list[int]], output_len: int,
 
 
 def step_breakdown(llm: LLM, prompts: list[list[int]], output_len: int,
-                   loras: list[LoRARequest | None], device: str) -> dict:
-    """Per-step wall time, split into prefill-carrying steps and pure decode steps."""
+                   loras: list[LoRARequest | None], device: str,
+                   decode_profile: cProfile.Profile | None = None) -> dict:
+    """Per-step wall time, split into prefill-carrying steps and pure decode steps (profiled
+    with `decode_profile`, if given: where the host time of a decode step goes)."""
     engine = llm.engine
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True,
                             detokenize=False)
@@ -94,10 +99,15 @@ def step_breakdown(llm: LLM, prompts: list[list[int]], output_len: int,
         is_decode = all(r.num_computed_tokens == r.num_tokens - 1
                         for r in engine.scheduler.running) and not engine.scheduler.waiting
         sync(device)
+        profile = decode_profile if is_decode else None
+        if profile is not None:
+            profile.enable()
         start = time.perf_counter()
         engine.step()
         sync(device)
         elapsed = time.perf_counter() - start
+        if profile is not None:
+            profile.disable()
         if is_decode:
             decode_s, decode_steps = decode_s + elapsed, decode_steps + 1
         else:
@@ -130,6 +140,7 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--torch-profile", help="write a torch.profiler table of one run here")
+    ap.add_argument("--decode-profile", help="write cProfile tables of the decode steps here")
     args = ap.parse_args()
 
     dtype_name = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
@@ -191,7 +202,13 @@ def main() -> None:
         seconds = statistics.median(timings[count])
         tok_s = num_out / seconds
         base_tok_s = base_tok_s or tok_s
-        breakdown = step_breakdown(llm, prompts, args.output_len, loras, args.device)
+        profile = cProfile.Profile() if args.decode_profile else None
+        breakdown = step_breakdown(llm, prompts, args.output_len, loras, args.device, profile)
+        if profile is not None:
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+            with open(args.decode_profile, "a") as f:
+                f.write(f"=== {count} adapters: decode steps ===\n{text.getvalue()}\n")
         if args.torch_profile:
             from torch.profiler import ProfilerActivity, profile
 
