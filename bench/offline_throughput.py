@@ -188,27 +188,37 @@ def main() -> None:
                 tmp / f"adapter{i}", config, args.lora_rank, seed=i))) for i in range(count)]
             loras = [reqs[i % count] for i in range(len(prompts))]
         workloads[count] = loras
-    # Rounds interleave the adapter counts (0, 1, 8, 0, 1, 8, ...) so that a drift of the
-    # machine (clocks, other tenants) hits every count alike; each count reports its median.
+    # Rounds interleave the adapter counts that fit the GPU slots (0, 1, 8, 0, 1, 8, ...) so
+    # that a drift of the machine (clocks, other tenants) hits each alike; each count reports
+    # its median. Counts above max_loras run their rounds after: interleaved, they would evict
+    # the others' adapters and turn the next round into a reload benchmark.
+    fitting = [c for c in counts if c <= args.max_loras]
+    order = [c for _ in range(args.repeats) for c in fitting]
+    order += [c for c in counts if c > args.max_loras for _ in range(args.repeats)]
     timings: dict[int, list[float]] = {count: [] for count in counts}
-    for round_idx in range(args.repeats):
-        for count in counts:
-            seconds = run_engine(llm, prompts, args.output_len, workloads[count], args.device,
-                                 warm_up=round_idx == 0)
-            timings[count].append(seconds)
+    breakdowns: dict[int, dict] = {}
+    for i, count in enumerate(order):
+        seconds = run_engine(llm, prompts, args.output_len, workloads[count], args.device,
+                             warm_up=not timings[count])
+        timings[count].append(seconds)
+        if count in order[i + 1:]:
+            continue
+        # This count's last round: its per-step breakdown, while its adapters are resident.
+        profile = cProfile.Profile() if args.decode_profile else None
+        breakdowns[count] = step_breakdown(llm, prompts, args.output_len, workloads[count],
+                                           args.device, profile)
+        if profile is not None:
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+            with open(args.decode_profile, "a") as f:
+                f.write(f"=== {count} adapters: decode steps ===\n{text.getvalue()}\n")
     base_tok_s = None
     for count in counts:
         loras = workloads[count]
         seconds = statistics.median(timings[count])
         tok_s = num_out / seconds
         base_tok_s = base_tok_s or tok_s
-        profile = cProfile.Profile() if args.decode_profile else None
-        breakdown = step_breakdown(llm, prompts, args.output_len, loras, args.device, profile)
-        if profile is not None:
-            text = io.StringIO()
-            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
-            with open(args.decode_profile, "a") as f:
-                f.write(f"=== {count} adapters: decode steps ===\n{text.getvalue()}\n")
+        breakdown = breakdowns[count]
         if args.torch_profile:
             from torch.profiler import ProfilerActivity, profile
 
