@@ -37,9 +37,9 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
     sample_requests: list[ScheduledRequest] = []
     token_lora_hashes: list[str | None] = []
     max_blocks = max(len(s.block_ids) for s in scheduled)
-    block_tables = torch.zeros((len(scheduled), max_blocks), dtype=torch.int32)
+    block_table_rows: list[list[int]] = []  # padded with 0 (never read past seq_len)
 
-    for row, item in enumerate(scheduled):
+    for item in scheduled:
         request, start = item.request, item.start_position
         end = start + item.num_new_tokens
         tokens = request.all_token_ids[start:end]
@@ -50,7 +50,7 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
                             for p in range(start, end))
         seq_lens.append(end)
         query_start_loc.append(len(input_ids))
-        block_tables[row, : len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
+        block_table_rows.append(block_ids + [0] * (max_blocks - len(block_ids)))
         lora_hash = request.lora_request.content_hash if request.lora_request else None
         token_lora_hashes.extend([lora_hash] * item.num_new_tokens)
         if item.needs_sample:
@@ -62,7 +62,9 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
 
     attn = AttentionMetadata(
         slot_mapping=to_device(slot_mapping, torch.int64),
-        block_tables=block_tables.to(device, non_blocking=True),
+        # One tensor for all rows: a torch.tensor per row cost ~10 us each, every step.
+        block_tables=torch.tensor(block_table_rows, dtype=torch.int32).to(device,
+                                                                          non_blocking=True),
         seq_lens=to_device(seq_lens, torch.int32),
         query_start_loc=to_device(query_start_loc, torch.int32),
         max_query_len=max(s.num_new_tokens for s in scheduled),
