@@ -137,22 +137,28 @@ def test_packed_mixed_prefill_decode_step_matches_hf(checkpoint_factory: Checkpo
 
 
 class RecordingLoRA:
-    """A LoRAApplier that records its calls and adds a known delta to o_proj of layer 0."""
+    """A LoRAApplier that records its calls (with whether a residual came as `delta_into`) and
+    adds a known delta to o_proj of layer 0: into y, or into the residual if one came."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[int, tuple[str, ...], tuple[int, ...], int, int]] = []
+        self.calls: list[tuple[int, tuple[str, ...], tuple[int, ...], int, bool, int]] = []
 
     def apply(self, layer_idx: int, slice_names: tuple[str, ...],
               slice_sizes: tuple[int, ...], x: torch.Tensor, y: torch.Tensor) -> None:
         self.finish(self.begin(layer_idx, slice_names, slice_sizes, x), y)
 
     def begin(self, layer_idx: int, slice_names: tuple[str, ...],
-              slice_sizes: tuple[int, ...], x: torch.Tensor) -> tuple:
-        return (layer_idx, slice_names, slice_sizes, x.shape[-1])
+              slice_sizes: tuple[int, ...], x: torch.Tensor,
+              delta_into: torch.Tensor | None = None) -> tuple:
+        if delta_into is not None:
+            assert delta_into.shape == (x.shape[0], sum(slice_sizes))
+            if layer_idx == 0 and slice_names == ("o_proj",):
+                delta_into.add_(1.0)
+        return (layer_idx, slice_names, slice_sizes, x.shape[-1], delta_into is not None)
 
     def finish(self, shrunk: tuple, y: torch.Tensor) -> None:
         self.calls.append((*shrunk, y.shape[-1]))
-        if shrunk[0] == 0 and shrunk[1] == ("o_proj",):
+        if shrunk[0] == 0 and shrunk[1] == ("o_proj",) and not shrunk[4]:
             y.add_(1.0)
 
 
@@ -163,12 +169,31 @@ def test_projections_call_the_lora_applier(llama_checkpoint: Path) -> None:
     with_lora = PagedKV(cfg, 4, torch.float32).step(model, [SeqChunk(ids, [2, 0], 0, 6)], lora)
     base = PagedKV(cfg, 4, torch.float32).step(model, [SeqChunk(ids, [2, 0], 0, 6)])
     h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    per_layer = [(("q_proj", "k_proj", "v_proj"), (q, kv, kv), h, q + 2 * kv),
-                 (("o_proj",), (h,), q, h),
-                 (("gate_proj", "up_proj"), (inter, inter), h, 2 * inter),
-                 (("down_proj",), (h,), inter, h)]
+    # o_proj and down_proj hand their deltas to the residual stream; qkv and gate_up to y.
+    per_layer = [(("q_proj", "k_proj", "v_proj"), (q, kv, kv), h, False, q + 2 * kv),
+                 (("o_proj",), (h,), q, True, h),
+                 (("gate_proj", "up_proj"), (inter, inter), h, False, 2 * inter),
+                 (("down_proj",), (h,), inter, True, h)]
     assert lora.calls == [(i, *call) for i in range(cfg.num_hidden_layers) for call in per_layer]
     assert not torch.allclose(with_lora, base)  # the in-place delta reached the output
+
+
+def test_a_delta_into_the_residual_equals_the_same_delta_into_y(llama_checkpoint: Path) -> None:
+    """o_proj's output only ever joins the residual stream: adding a delta to either one gives
+    the same hidden states."""
+
+    class IntoY(RecordingLoRA):
+        def begin(self, layer_idx: int, slice_names: tuple[str, ...],
+                  slice_sizes: tuple[int, ...], x: torch.Tensor,
+                  delta_into: torch.Tensor | None = None) -> tuple:
+            return super().begin(layer_idx, slice_names, slice_sizes, x)
+
+    model, cfg = load_model(llama_checkpoint, dtype="float32", device="cpu")
+    ids = random_ids(cfg.vocab_size, 6, seed=5)
+    chunk = [SeqChunk(ids, [2, 0], 0, 6)]
+    into_residual = PagedKV(cfg, 4, torch.float32).step(model, chunk, RecordingLoRA())
+    into_y = PagedKV(cfg, 4, torch.float32).step(model, chunk, IntoY())
+    torch.testing.assert_close(into_residual, into_y)
 
 
 def test_bfloat16_model_runs_close_to_float32(llama_checkpoint: Path) -> None:
