@@ -56,7 +56,7 @@ import torch
 
 from loraplex.engine.lora.lora_batch import LoRABatch, LoRAKernelPlan
 from loraplex.engine.lora.lora_slots import SLICE_GROUPS, LoRASlots
-from loraplex.kernels import reference, silu_and_mul
+from loraplex.kernels import reference
 from loraplex.kernels.lora_mapping import build_lora_mapping
 from loraplex.kernels.reference import lora as reference_lora
 
@@ -385,11 +385,7 @@ def graph_us(fn: Callable[[], Any]) -> float:
 ADAPTER_RANK = 16
 DECODE_TOKENS = (32, 64)
 PREFILL_TOKENS = (256, 2048)  # plans differ only at decode: legacy vs current launches only
-PREFILL_VARIANTS = (
-    "legacy: memset/launch, slot grid",
-    "step workspace",
-    "... + gate/up deltas inside SwiGLU",  # no overlap at prefill: the fused activation only
-)
+PREFILL_VARIANTS = ("legacy: memset/launch, slot grid", "step workspace")
 STORAGE_RANKS = (16, 64)  # max_lora_rank: offline_throughput.py's, the engine's default
 
 
@@ -434,7 +430,6 @@ class DecodeStep:
         self.x, self.y = {}, {}
         # The residual stream that o_proj's and down_proj's outputs are added to next.
         self.residual = torch.zeros(num_tokens, HIDDEN, device=DEVICE, dtype=DTYPE)
-        self.act: torch.Tensor | None = None  # gate_up's SwiGLU output, when computed
         for names, group in slots.groups.items():
             in_dim = group.lora_a.shape[-1]
             self.x[names] = torch.randn(num_tokens, in_dim, device=DEVICE, dtype=DTYPE)
@@ -448,12 +443,9 @@ class DecodeStep:
         with_base: bool,
         num_layers: int | None = None,
         into_residual: bool = False,
-        swiglu: bool = False,
     ) -> None:
-        """One step's projections; with the base, gate_up is followed by silu_and_mul (as in
-        the model). `into_residual`: o_proj's and down_proj's deltas go into the residual stream
-        (`begin(..., delta_into=residual)`); `swiglu`: gate_up's into the activation
-        (`finish_silu_and_mul`, which then does the activation's work too), as the model does."""
+        """One step's projections; `into_residual`: o_proj's and down_proj's deltas go into the
+        residual stream (`begin(..., delta_into=residual)`), as MergedLinear passes them."""
         batch = None
         if plan is not None:
             modules = set(self.slots.module_shapes)
@@ -461,35 +453,26 @@ class DecodeStep:
         for layer in range(num_layers or NUM_LAYERS):
             for names, group in self.slots.groups.items():
                 x, y, sizes = self.x[names], self.y[names], group.slice_sizes
-                is_gate_up = len(names) == 2
                 if batch is not None and batch.plan.overlap_shrink:
                     residual = self.residual if into_residual and len(names) == 1 else None
                     shrunk = batch.begin(layer, names, sizes, x, delta_into=residual)
                     if with_base:
                         torch.matmul(x, self.base[layer][names].T, out=y)
-                    if is_gate_up and swiglu:
-                        self.act = batch.finish_silu_and_mul(shrunk, y)
-                        continue
                     batch.finish(shrunk, y)
-                else:
-                    if with_base:
-                        torch.matmul(x, self.base[layer][names].T, out=y)
-                    if batch is not None:
-                        batch.apply(layer, names, sizes, x, y)
-                if is_gate_up and with_base:
-                    self.act = silu_and_mul(y)
+                    continue
+                if with_base:
+                    torch.matmul(x, self.base[layer][names].T, out=y)
+                if batch is not None:
+                    batch.apply(layer, names, sizes, x, y)
 
-    def check(
-        self, plan: LoRAKernelPlan, label: str, into_residual: bool = False, swiglu: bool = False
-    ) -> bool:
+    def check(self, plan: LoRAKernelPlan, label: str, into_residual: bool = False) -> bool:
         """Layer 0's deltas, from y = 0 (and residual = 0), against the reference kernels. With
-        `into_residual` the residual must hold o's plus down's deltas, and their y stay 0; with
-        `swiglu` the activation must be silu_and_mul of gate_up's deltas."""
+        `into_residual` the residual must hold o's plus down's deltas, and their y stay 0."""
         ok = True
         self.residual.zero_()
         for y in self.y.values():
             y.zero_()
-        self.run(plan, False, num_layers=1, into_residual=into_residual, swiglu=swiglu)
+        self.run(plan, with_base=False, num_layers=1, into_residual=into_residual)
         residual_expected = torch.zeros_like(self.residual, dtype=torch.float32)
         for names, group in self.slots.groups.items():
             lora_out = torch.zeros(
@@ -505,10 +488,6 @@ class DecodeStep:
             if into_residual and len(names) == 1:
                 residual_expected += expected
                 expected = torch.zeros_like(expected)
-            if swiglu and len(names) == 2:
-                act_expected = reference.silu_and_mul(expected.to(DTYPE))
-                ok &= report("correctness", f"{label} swiglu", self.act, act_expected, quiet=True)
-                continue
             name = f"{label} {'_'.join(names)}"
             ok &= report("correctness", name, self.y[names], expected, quiet=True)
         if into_residual:
@@ -532,7 +511,6 @@ class Variant:
     expand: Any = None  # ExpandTiles for the decode row
     fused: Any = None  # FusedTiles
     into_residual: bool = False  # o/down deltas into the residual stream (MergedLinear's way)
-    swiglu: bool = False  # gate/up deltas inside the activation (finish_silu_and_mul)
 
 
 def shrink_module() -> Any:
@@ -594,13 +572,6 @@ def variants() -> list[Variant]:
             LoRAKernelPlan(step_workspace=True, overlap_shrink=True),
             into_residual=True,
         ),
-        # Its 'lora' column includes the SwiGLU work it takes over; compare 'step' columns.
-        Variant(
-            "... + gate/up deltas inside SwiGLU",
-            LoRAKernelPlan(step_workspace=True, overlap_shrink=True),
-            into_residual=True,
-            swiglu=True,
-        ),
     ]
 
 
@@ -653,13 +624,13 @@ def time_variant(
     """Check, then time the variant: lora us/layer (and step us/layer with the base GEMMs)."""
     try:
         with using(variant):
-            flags = {"into_residual": variant.into_residual, "swiglu": variant.swiglu}
-            if not step.check(variant.plan, label, **flags):
+            into = variant.into_residual
+            if not step.check(variant.plan, label, into_residual=into):
                 return None
-            lora_only = functools.partial(step.run, variant.plan, False, **flags)
+            lora_only = functools.partial(step.run, variant.plan, False, into_residual=into)
             out = {"lora_us": graph_us(lora_only) / NUM_LAYERS}
             if base_us is not None:
-                total = graph_us(functools.partial(step.run, variant.plan, True, **flags))
+                total = graph_us(functools.partial(step.run, variant.plan, True, into_residual=into))
                 out["step_us"] = (total - base_us) / NUM_LAYERS
             return out
     except Exception:  # a variant that cannot compile or run is reported, the rest still run

@@ -7,7 +7,6 @@ from loraplex.kernels.dispatch import (
     apply_rotary_pos_emb,
     fused_add_rms_norm,
     lora_expand,
-    lora_expand_silu_and_mul,
     lora_shrink,
     lora_shrink_expand,
     paged_attention,
@@ -18,5 +17,5 @@ from loraplex.kernels.dispatch import (
 from loraplex.kernels.lora_mapping import build_lora_mapping
 
 __all__ = ["apply_rotary_pos_emb", "build_lora_mapping", "fused_add_rms_norm", "lora_expand",
-           "lora_expand_silu_and_mul", "lora_shrink", "lora_shrink_expand", "paged_attention",
-           "reshape_and_cache", "rms_norm", "silu_and_mul"]
+           "lora_shrink", "lora_shrink_expand", "paged_attention", "reshape_and_cache",
+           "rms_norm", "silu_and_mul"]

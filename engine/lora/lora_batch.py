@@ -29,10 +29,6 @@ LoRA then waits for the GEMM, which hides it whole on decode steps; `finish` onl
 
     main stream:  ... | base GEMM  x -> y                  | join | norm(y + residual) ...
     side stream:      | shrink x -> lora_out | expand -> residual |
-
-Deltas inside SwiGLU: gate_up_proj's output is only ever read by silu_and_mul, so
-`finish_silu_and_mul` adds its deltas inside that kernel (`lora_expand_silu_and_mul`) instead of
-rewriting the [T, 2I] output first: one pass over it instead of three, one launch fewer.
 """
 
 from __future__ import annotations
@@ -42,13 +38,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from loraplex.engine.lora.lora_slots import LoRASlots, StepWorkspace
-from loraplex.kernels import (
-    lora_expand,
-    lora_expand_silu_and_mul,
-    lora_shrink,
-    lora_shrink_expand,
-    silu_and_mul,
-)
+from loraplex.kernels import lora_expand, lora_shrink, lora_shrink_expand
 
 
 @dataclass(frozen=True)
@@ -166,26 +156,6 @@ class LoRABatch:
             torch.cuda.current_stream(y.device).wait_event(shrunk.ready)
         if not shrunk.expanded:
             self._expand(shrunk, y)
-
-    def finish_silu_and_mul(self, shrunk: LoRAShrunk | None, y: torch.Tensor) -> torch.Tensor:
-        """silu_and_mul(y + the deltas of `begin`'s shrink), for gate_up_proj's y [T, 2I]: the
-        deltas are added inside the activation kernel, so y is read once and never rewritten.
-        A step that adapts only one of gate and up takes `finish`, then silu_and_mul."""
-        if shrunk is None or shrunk.expanded or len(shrunk.slice_sizes) != 2:
-            self.finish(shrunk, y)
-            return silu_and_mul(y)
-        assert shrunk.y_offset == 0 and shrunk.slice_sizes[0] == shrunk.slice_sizes[1]
-        if shrunk.ready is not None:
-            torch.cuda.current_stream(y.device).wait_event(shrunk.ready)
-        return lora_expand_silu_and_mul(
-            shrunk.lora_out,
-            shrunk.lora_b,
-            self.sorted_token_ids,
-            self.slot_start_loc,
-            shrunk.ranks,
-            self.slots.scalings,
-            y,
-        )
 
     def _expand(self, shrunk: LoRAShrunk, y: torch.Tensor) -> None:
         lora_expand(

@@ -46,10 +46,6 @@ class LoRAApplier(Protocol):
 
     def finish(self, shrunk: Any, y: torch.Tensor) -> None: ...
 
-    def finish_silu_and_mul(self, shrunk: Any, y: torch.Tensor) -> torch.Tensor:
-        """silu_and_mul(y + deltas) for gate_up_proj, the deltas added inside the activation."""
-        ...
-
 
 @dataclass
 class ForwardContext:

@@ -1,4 +1,4 @@
-"""RMSNorm of the Llama-family decoder, with the fused residual add.
+"""Small layers of the Llama-family decoder: RMSNorm (with the fused residual add) and SwiGLU.
 
 The math lives in `loraplex.kernels` (Triton on CUDA, the HF-exact reference on CPU).
 """
@@ -10,7 +10,7 @@ from typing import overload
 import torch
 from torch import nn
 
-from loraplex.kernels import fused_add_rms_norm, rms_norm
+from loraplex.kernels import fused_add_rms_norm, rms_norm, silu_and_mul
 
 
 class RMSNorm(nn.Module):
@@ -40,3 +40,11 @@ class RMSNorm(nn.Module):
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
         return fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class SiluAndMul(nn.Module):
+    """SwiGLU on a fused [gate | up] projection: silu(gate) * up."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, 2 * intermediate] -> [T, intermediate]"""
+        return silu_and_mul(x)

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from loraplex.engine.model.forward_context import ForwardContext
-from loraplex.kernels import silu_and_mul
 
 
 class MergedLinear(nn.Module):
@@ -64,15 +63,6 @@ class MergedLinear(nn.Module):
         y = F.linear(x, self.weight, self.bias)
         ctx.lora.finish(shrunk, y)
         return y
-
-    def forward_silu_and_mul(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """silu_and_mul(forward(x)) for a [gate | up] projection: x [T, input_size] -> [T,
-        output_size / 2]. The LoRA deltas are added inside the activation kernel."""
-        if ctx.lora is None:
-            return silu_and_mul(F.linear(x, self.weight, self.bias))
-        shrunk = ctx.lora.begin(self.layer_idx, self.slice_names, self.slice_sizes, x)
-        y = F.linear(x, self.weight, self.bias)
-        return ctx.lora.finish_silu_and_mul(shrunk, y)
 
     def extra_repr(self) -> str:
         return (f"layer={self.layer_idx}, in={self.input_size}, "

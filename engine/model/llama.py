@@ -13,7 +13,7 @@ from torch import nn
 from loraplex.engine.model.attention import Attention
 from loraplex.engine.model.forward_context import ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
-from loraplex.engine.model.layers import RMSNorm
+from loraplex.engine.model.layers import RMSNorm, SiluAndMul
 from loraplex.engine.model.linear import MergedLinear
 from loraplex.engine.model.rotary import RotaryEmbedding
 
@@ -27,14 +27,12 @@ class MLP(nn.Module):
                                          (inter, inter), arch.mlp_bias, dtype, device)
         self.down_proj = MergedLinear(layer_idx, inter, ("down_proj",), (arch.hidden_size,),
                                       arch.mlp_bias, dtype, device)
+        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext,
                 residual: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden_size] -> [T, hidden_size]: SwiGLU, silu(gate) * up, then down_proj.
-
-        gate/up's LoRA deltas are added inside the activation kernel; down_proj's go into
-        `residual` (see MergedLinear)."""
-        return self.down_proj(self.gate_up_proj.forward_silu_and_mul(x, ctx), ctx, residual)
+        """x [T, hidden_size] -> [T, hidden_size]; down_proj's LoRA deltas go into `residual`"""
+        return self.down_proj(self.act_fn(self.gate_up_proj(x, ctx)), ctx, residual)
 
 
 class DecoderLayer(nn.Module):

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import torch
 
-from loraplex.kernels.reference.fused_ops import silu_and_mul
-
 
 def _check_mapping(
     num_tokens: int,
@@ -145,22 +143,3 @@ def lora_shrink_expand(
     mapping = (sorted_token_ids, slot_start_loc, lora_ranks)
     lora_shrink(x, lora_a, *mapping, lora_out, zero_out=False)
     lora_expand(lora_out, lora_b, *mapping, scalings, y, y_offset, slice_sizes)
-
-
-def lora_expand_silu_and_mul(
-    lora_out: torch.Tensor,  # [2, num_tokens, max_rank]: the gate and up shrink outputs
-    lora_b: torch.Tensor,  # [max_loras, 2 * intermediate, max_rank]: gate rows, then up rows
-    sorted_token_ids: torch.Tensor,  # [num_tokens] int32
-    slot_start_loc: torch.Tensor,  # [max_loras + 1] int32
-    lora_ranks: torch.Tensor,  # [2, max_loras] int32
-    scalings: torch.Tensor,  # [max_loras] float32
-    y: torch.Tensor,  # [num_tokens, 2 * intermediate]: the base gate_up output (left as is)
-) -> torch.Tensor:
-    """silu_and_mul(y + the gate/up deltas) -> a new [num_tokens, intermediate] tensor; y is
-    only read. By definition `lora_expand` into a copy of y, then `silu_and_mul`."""
-    intermediate = y.shape[1] // 2
-    assert y.dim() == 2 and y.shape[1] == 2 * intermediate, "y: [num_tokens, 2 * intermediate]"
-    gate_up = y.clone()
-    lora_expand(lora_out, lora_b, sorted_token_ids, slot_start_loc, lora_ranks, scalings,
-                gate_up, 0, (intermediate, intermediate))
-    return silu_and_mul(gate_up)

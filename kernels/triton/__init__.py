@@ -1,7 +1,6 @@
 """Triton kernels (the CUDA fast path); same signatures as `loraplex.kernels.reference`."""
 
 from loraplex.kernels.triton.lora_expand import lora_expand
-from loraplex.kernels.triton.lora_expand_silu_and_mul import lora_expand_silu_and_mul
 from loraplex.kernels.triton.lora_shrink import lora_shrink
 from loraplex.kernels.triton.lora_shrink_expand import lora_shrink_expand
 from loraplex.kernels.triton.paged_attention import paged_attention
@@ -10,6 +9,6 @@ from loraplex.kernels.triton.rms_norm import fused_add_rms_norm, rms_norm
 from loraplex.kernels.triton.rotary import apply_rotary_pos_emb
 from loraplex.kernels.triton.silu_and_mul import silu_and_mul
 
-__all__ = ["apply_rotary_pos_emb", "fused_add_rms_norm", "lora_expand",
-           "lora_expand_silu_and_mul", "lora_shrink", "lora_shrink_expand", "paged_attention",
-           "reshape_and_cache", "rms_norm", "silu_and_mul"]
+__all__ = ["apply_rotary_pos_emb", "fused_add_rms_norm", "lora_expand", "lora_shrink",
+           "lora_shrink_expand", "paged_attention", "reshape_and_cache", "rms_norm",
+           "silu_and_mul"]

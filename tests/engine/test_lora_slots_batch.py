@@ -16,7 +16,7 @@ from loraplex.engine.lora import lora_batch, lora_slots
 from loraplex.engine.lora.adapter import LoRAAdapter, lora_module_shapes
 from loraplex.engine.lora.lora_batch import LoRABatch, LoRAKernelPlan
 from loraplex.engine.lora.lora_slots import SLICE_GROUPS, LoRASlots
-from loraplex.kernels import build_lora_mapping, silu_and_mul
+from loraplex.kernels import build_lora_mapping
 
 ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -131,9 +131,6 @@ def pick_device(kernels: str, monkeypatch: pytest.MonkeyPatch) -> torch.device:
     monkeypatch.setattr(lora_batch, "lora_shrink", triton_kernels.lora_shrink)
     monkeypatch.setattr(lora_batch, "lora_expand", triton_kernels.lora_expand)
     monkeypatch.setattr(lora_batch, "lora_shrink_expand", lora_shrink_expand)
-    monkeypatch.setattr(
-        lora_batch, "lora_expand_silu_and_mul", triton_kernels.lora_expand_silu_and_mul
-    )
     return CPU
 
 
@@ -155,8 +152,7 @@ def check_forward(
     a stand-in base matmul and `finish` after it), deltas checked against float64.
 
     With `halves`, o_proj and down_proj pass a residual stream as `delta_into`, as MergedLinear
-    does: their deltas must land there, and y must stay the base output; gate_up goes through
-    `finish_silu_and_mul`, which must give silu_and_mul(y + deltas)."""
+    does: their deltas must land there, and y must stay the base output."""
     for layer in range(ARCH.num_hidden_layers):
         for names in SLICE_GROUPS:
             sizes = tuple(SHAPES[m][1] for m in names)
@@ -169,13 +165,6 @@ def check_forward(
                     residual = r0.to(device, copy=True)
                 shrunk = batch.begin(layer, names, sizes, x.to(device), delta_into=residual)
                 y = y0.to(device, copy=True)  # the base GEMM's output, after begin
-                if names == ("gate_proj", "up_proj"):
-                    act = batch.finish_silu_and_mul(shrunk, y)
-                    delta = expected_delta(adapters, token_slots, layer, names, x)
-                    expected = silu_and_mul(y0.double() + delta)  # the product doubles
-                    # the float32 rounding of gate and up (values here reach ~100)
-                    torch.testing.assert_close(act.cpu().double(), expected, atol=1e-3, rtol=1e-3)
-                    continue
                 batch.finish(shrunk, y)
             else:
                 y = y0.to(device, copy=True)

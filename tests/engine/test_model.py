@@ -15,7 +15,6 @@ from loraplex.engine.model import ForwardContext, LlamaForCausalLM, load_model
 from loraplex.engine.model.forward_context import AttentionMetadata
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.tokenizer import Tokenizer
-from loraplex.kernels import silu_and_mul
 
 ATOL = 1e-4
 BLOCK_SIZE = 4
@@ -161,10 +160,6 @@ class RecordingLoRA:
         self.calls.append((*shrunk, y.shape[-1]))
         if shrunk[0] == 0 and shrunk[1] == ("o_proj",) and not shrunk[4]:
             y.add_(1.0)
-
-    def finish_silu_and_mul(self, shrunk: tuple, y: torch.Tensor) -> torch.Tensor:
-        self.finish(shrunk, y)
-        return silu_and_mul(y)
 
 
 def test_projections_call_the_lora_applier(llama_checkpoint: Path) -> None:
