@@ -710,85 +710,82 @@ def prefill_candidates() -> tuple[list[Any], list[Any]]:
     return shrinks, expands
 
 
+@contextlib.contextmanager
+def prefill_row(module: Any, table_name: str, tiles: Any) -> Iterator[None]:
+    """The kernel module's last (prefill) tile row set to `tiles` while inside."""
+    saved = getattr(module, table_name)
+    setattr(module, table_name, (*saved[:-1], (saved[-1][0], tiles)))
+    try:
+        yield
+    finally:
+        setattr(module, table_name, saved)
+
+
 def sweep_prefill_tiles() -> bool:
     """Each kernel alone at a prefill step (T 4096, 8 adapters x rank 16 in runs of 512 tokens,
     max_lora_rank 16), per slice group, for each prefill-row candidate; checked, then timed."""
+    from loraplex.kernels import triton as tk
+
     print(
         f"prefill tile candidates: us per layer (sum of the 4 groups), T {PREFILL_SWEEP_TOKENS},"
         " the base GEMMs for scale"
     )
-    sm, em = shrink_module(), expand_module()
     num_tokens = PREFILL_SWEEP_TOKENS
     slots = create_lora_slots(16)
     token_slots = (torch.arange(num_tokens, device=DEVICE) // 512) % MAX_LORAS
     ids, loc = build_lora_mapping(token_slots, MAX_LORAS)
-    groups = []
+    # Per kernel, per slice group: (name, launch, its output, the reference's output).
+    launches: dict[str, list[tuple[str, Callable[[], Any], torch.Tensor, torch.Tensor]]] = {
+        "shrink": [],
+        "expand": [],
+    }
     base_ms = 0.0
     for names, group in slots.groups.items():
         in_dim, out_dim = group.lora_a.shape[-1], sum(group.slice_sizes)
         x = torch.randn(num_tokens, in_dim, device=DEVICE, dtype=DTYPE)
-        y = torch.zeros(num_tokens, out_dim, device=DEVICE, dtype=DTYPE)
         w = torch.empty(out_dim, in_dim, device=DEVICE, dtype=DTYPE).normal_(0.0, in_dim**-0.5)
         base_ms += bench_ms(functools.partial(torch.matmul, x, w.T))
+        mapping = (ids, loc, group.ranks)
         lora_out = torch.zeros(len(names), num_tokens, 16, device=DEVICE)
         expected_out = torch.zeros_like(lora_out)
-        mapping = (ids, loc, group.ranks)
         reference_lora.lora_shrink(x, group.lora_a[0], *mapping, expected_out)
+        y = torch.zeros(num_tokens, out_dim, device=DEVICE, dtype=DTYPE)
         expected_y = torch.zeros_like(y)
-        args = (slots.scalings, expected_y, 0, group.slice_sizes)
-        reference_lora.lora_expand(expected_out, group.lora_b[0], *mapping, *args)
-        groups.append((names, group, x, y, lora_out, expected_out, expected_y))
+        expand_args = (slots.scalings, expected_y, 0, group.slice_sizes)
+        reference_lora.lora_expand(expected_out, group.lora_b[0], *mapping, *expand_args)
+        shrink = functools.partial(tk.lora_shrink, x, group.lora_a[0], *mapping, lora_out)
+        expand = functools.partial(
+            tk.lora_expand, expected_out, group.lora_b[0], *mapping, slots.scalings, y, 0,
+            group.slice_sizes,
+        )
+        launches["shrink"].append(("_".join(names), shrink, lora_out, expected_out))
+        launches["expand"].append(("_".join(names), expand, y, expected_y))
     print(f"  base GEMMs {base_ms * 1e3:8.1f} us per layer")
     ok = True
     shrinks, expands = prefill_candidates()
     sweep: dict[str, float] = {"base_gemms_us_per_layer": base_ms * 1e3}
-    for kind, candidates in (("shrink", shrinks), ("expand", expands)):
-        table = sm.SHRINK_TILES if kind == "shrink" else em.EXPAND_TILES
+    kinds = (
+        ("shrink", shrink_module(), "SHRINK_TILES", shrinks),
+        ("expand", expand_module(), "EXPAND_TILES", expands),
+    )
+    for kind, module, table_name, candidates in kinds:
         for tiles in candidates:
-            rows = (*table[:-1], (table[-1][0], tiles))
-            if kind == "shrink":
-                sm.SHRINK_TILES = rows
-            else:
-                em.EXPAND_TILES = rows
             try:
-                total_ms = 0.0
-                for names, group, x, y, lora_out, expected_out, expected_y in groups:
-                    mapping = (ids, loc, group.ranks)
-                    if kind == "shrink":
-                        def fn(x=x, a=group.lora_a[0], m=mapping, o=lora_out) -> None:
-                            tk_shrink()(x, a, *m, o)
-                        fn()
-                        ok &= report("correctness", f"prefill {kind} {names} {tiles}", lora_out,
-                                     expected_out, quiet=True)
-                    else:
-                        def fn(o=expected_out, b=group.lora_b[0], m=mapping, y=y,
-                               sizes=group.slice_sizes) -> None:
-                            tk_expand()(o, b, *m, slots.scalings, y, 0, sizes)
-                        y.zero_()
-                        fn()
-                        ok &= report("correctness", f"prefill {kind} {names} {tiles}", y,
-                                     expected_y, quiet=True)
-                    total_ms += bench_ms(fn)
+                with prefill_row(module, table_name, tiles):
+                    total_ms = 0.0
+                    for name, launch, out, expected in launches[kind]:
+                        out.zero_()  # the expand adds into y
+                        launch()
+                        label = f"prefill {kind} {name} {tiles}"
+                        ok &= report("correctness", label, out, expected, quiet=True)
+                        total_ms += bench_ms(launch)
                 print(f"  {kind:<6} {total_ms * 1e3:8.1f} us  {tiles}")
                 sweep[f"{kind} {tiles}"] = total_ms * 1e3
             except Exception:
                 print(f"  FAIL  prefill {kind} {tiles}: raised\n" + traceback.format_exc(limit=3))
                 ok = False
-            finally:
-                if kind == "shrink":
-                    sm.SHRINK_TILES = table
-                else:
-                    em.EXPAND_TILES = table
     results["timings"]["prefill_tile_sweep_us_per_layer"] = sweep
     return ok
-
-
-def tk_shrink() -> Any:
-    return importlib.import_module("loraplex.kernels.triton").lora_shrink
-
-
-def tk_expand() -> Any:
-    return importlib.import_module("loraplex.kernels.triton").lora_expand
 
 
 def print_table(table: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ LoRA then waits for the GEMM, which hides it whole on decode steps; `finish` onl
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -215,16 +216,13 @@ class LoRABatch:
             expanded=delta_into is not None,
         )
         mapping = (self.sorted_token_ids, self.slot_start_loc, launch.ranks)
-        side = self.slots.side_stream
-        if not (overlap and side is not None and x.is_cuda):
+        side = self.slots.side_stream if overlap and x.is_cuda else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(x.device))  # x and the memset are ready
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             lora_shrink(x, launch.lora_a, *mapping, lora_out, launch.lora_out is None)
             if delta_into is not None:
                 self._expand(shrunk, delta_into)
+        if side is None:
             return shrunk
-        side.wait_stream(torch.cuda.current_stream(x.device))  # x and the memset are ready
-        with torch.cuda.stream(side):
-            lora_shrink(x, launch.lora_a, *mapping, lora_out, launch.lora_out is None)
-            if delta_into is not None:
-                self._expand(shrunk, delta_into)
-            ready = side.record_event()
-        return replace(shrunk, ready=ready)
+        return replace(shrunk, ready=side.record_event())

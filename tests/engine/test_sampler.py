@@ -98,6 +98,15 @@ def test_build_flags_skip_unused_stages() -> None:
 # ---- penalties -------------------------------------------------------------------------------
 
 
+def penalize(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """apply_penalties with the metadata's penalty fields (all set when a row has a penalty)."""
+    assert md.prompt_token_ids is not None and md.output_token_ids is not None
+    assert md.presence_penalties is not None and md.frequency_penalties is not None
+    assert md.repetition_penalties is not None
+    return apply_penalties(logits, md.prompt_token_ids, md.output_token_ids,
+                           md.presence_penalties, md.frequency_penalties, md.repetition_penalties)
+
+
 def reference_penalties(
     logits: torch.Tensor,
     prompt: list[int],
@@ -124,17 +133,7 @@ def test_penalties_match_hand_reference() -> None:
         for p, f, r in settings
     ]
     md = build(params, prompts, outputs)
-    assert md.prompt_token_ids is not None and md.output_token_ids is not None
-    assert md.presence_penalties is not None and md.frequency_penalties is not None
-    assert md.repetition_penalties is not None
-    got = apply_penalties(
-        logits,
-        md.prompt_token_ids,
-        md.output_token_ids,
-        md.presence_penalties,
-        md.frequency_penalties,
-        md.repetition_penalties,
-    )
+    got = penalize(logits, md)
     for row in range(3):
         want = reference_penalties(logits[row], prompts[row], outputs[row], *settings[row])
         torch.testing.assert_close(got[row], want)
@@ -147,17 +146,7 @@ def test_repetition_penalty_matches_hf() -> None:
     prompts, outputs = [[0, 5, 6], [10, 11]], [[6, 8], [12, 12, 31]]
     for penalty in (0.5, 1.2, 2.0):
         md = build([SamplingParams(repetition_penalty=penalty)] * 2, prompts, outputs)
-        assert md.prompt_token_ids is not None and md.output_token_ids is not None
-        assert md.presence_penalties is not None and md.frequency_penalties is not None
-        assert md.repetition_penalties is not None
-        got = apply_penalties(
-            logits,
-            md.prompt_token_ids,
-            md.output_token_ids,
-            md.presence_penalties,
-            md.frequency_penalties,
-            md.repetition_penalties,
-        )
+        got = penalize(logits, md)
         hf = RepetitionPenaltyLogitsProcessor(penalty=penalty)
         for row in range(2):
             input_ids = torch.tensor([prompts[row] + outputs[row]])
@@ -172,17 +161,7 @@ def test_neutral_rows_untouched_by_penalties() -> None:
         SamplingParams(temperature=0.0, repetition_penalty=2.0),
     ]
     md = build(params, [[1, 2], [1, 2]], [[3], [3]])
-    assert md.repetition_penalties is not None
-    assert md.prompt_token_ids is not None and md.output_token_ids is not None
-    assert md.presence_penalties is not None and md.frequency_penalties is not None
-    got = apply_penalties(
-        logits,
-        md.prompt_token_ids,
-        md.output_token_ids,
-        md.presence_penalties,
-        md.frequency_penalties,
-        md.repetition_penalties,
-    )
+    got = penalize(logits, md)
     assert torch.equal(got[0], logits[0])
     assert not torch.equal(got[1], logits[1])
 
