@@ -1,7 +1,10 @@
 """Maps the top-level folders onto the `loraplex` package (see docs/architecture.md).
 
 engine/ -> loraplex.engine, kernels/ -> loraplex.kernels, platform/ -> loraplex.platform.
-Sub-packages are discovered, so a new folder needs no edit here.
+Sub-packages are discovered, so a new folder needs no edit here. `make setup` installs the
+project in setuptools' strict editable mode: a tree of links under build/ that mypy, pytest and
+editors resolve like any installed package (a new module needs `make setup` again, which the
+Makefile's stamp does by itself).
 """
 
 from setuptools import find_namespace_packages, setup
@@ -17,4 +20,7 @@ for top in TOP_LEVEL:
         packages.append(f"loraplex.{name}")
         package_dir[f"loraplex.{name}"] = name.replace(".", "/")
 
-setup(packages=packages, package_dir=package_dir)
+# py.typed (PEP 561): type checkers read the installed package's own annotations.
+package_data = {f"loraplex.{top}": ["py.typed"] for top in TOP_LEVEL}
+
+setup(packages=packages, package_dir=package_dir, package_data=package_data)

@@ -26,10 +26,18 @@ from tests.engine.lora_adapters import write_peft_adapter  # noqa: E402
 CASES = {
     "default": {},
     "chunked": {"max_num_batched_tokens": 7, "block_size": 16},
-    "preempt-swap": {"num_kv_blocks": 10, "block_size": 16, "preemption_mode": "swap",
-                     "max_num_batched_tokens": 64},
-    "preempt-recompute": {"num_kv_blocks": 10, "block_size": 16, "max_num_batched_tokens": 64,
-                          "preemption_mode": "recompute"},
+    "preempt-swap": {
+        "num_kv_blocks": 10,
+        "block_size": 16,
+        "preemption_mode": "swap",
+        "max_num_batched_tokens": 64,
+    },
+    "preempt-recompute": {
+        "num_kv_blocks": 10,
+        "block_size": 16,
+        "max_num_batched_tokens": 64,
+        "preemption_mode": "recompute",
+    },
 }
 
 
@@ -42,11 +50,17 @@ def main() -> None:
     results = {}
     ok_all = True
     for arch in ("llama", "qwen2"):
-        base = write_random_checkpoint(tmp / arch, arch, hidden_size=128, num_heads=4,
-                                       num_kv_heads=2, head_dim=32)
-        adapters = {f"a{r}": write_peft_adapter(base, tmp / f"{arch}-a{r}", r, mods, seed=r)
-                    for r, mods in ((4, ["q_proj", "v_proj"]), (16, ["o_proj", "down_proj"]),
-                                    (64, ["q_proj", "k_proj", "gate_proj", "up_proj"]))}
+        base = write_random_checkpoint(
+            tmp / arch, arch, hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32
+        )
+        adapters = {
+            f"a{r}": write_peft_adapter(base, tmp / f"{arch}-a{r}", r, mods, seed=r)
+            for r, mods in (
+                (4, ["q_proj", "v_proj"]),
+                (16, ["o_proj", "down_proj"]),
+                (64, ["q_proj", "k_proj", "gate_proj", "up_proj"]),
+            )
+        }
         names = [*adapters, None, *adapters, None]
         prompts = [[rng.randrange(5, 500) for _ in range(rng.randrange(3, 60))] for _ in names]
         expected = hf_greedy_on("cuda", base, prompts, 8, adapters=names, adapter_dirs=adapters)
@@ -54,18 +68,27 @@ def main() -> None:
         loras = [None if n is None else LoRARequest(n, ids[n], str(adapters[n])) for n in names]
         for case, kwargs in CASES.items():
             llm = LLM(str(base), device="cuda", dtype="float32", max_loras=2, **kwargs)
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                                SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
-                                lora_request=loras, use_tqdm=False)
+            outs = llm.generate(
+                [{"prompt_token_ids": p} for p in prompts],
+                SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+                lora_request=loras,
+                use_tqdm=False,
+            )
             got = [o.outputs[0].token_ids for o in outs]
             ok = got == expected
             ok_all &= ok
             stats = llm.engine.get_stats()
-            results[f"{arch}/{case}"] = {"pass": ok, "preemptions": stats["num_preemptions"],
-                                         "lora_gpu_evictions": stats.get("lora_gpu_evictions")}
-            print(f"{arch:6s} {case:18s} {'PASS' if ok else 'FAIL'}  "
-                  f"preemptions={stats['num_preemptions']} "
-                  f"lora_evictions={stats.get('lora_gpu_evictions')}", flush=True)
+            results[f"{arch}/{case}"] = {
+                "pass": ok,
+                "preemptions": stats["num_preemptions"],
+                "lora_gpu_evictions": stats.get("lora_gpu_evictions"),
+            }
+            print(
+                f"{arch:6s} {case:18s} {'PASS' if ok else 'FAIL'}  "
+                f"preemptions={stats['num_preemptions']} "
+                f"lora_evictions={stats.get('lora_gpu_evictions')}",
+                flush=True,
+            )
             del llm
             torch.cuda.empty_cache()
     if args.json:

@@ -630,7 +630,9 @@ def time_variant(
             lora_only = functools.partial(step.run, variant.plan, False, into_residual=into)
             out = {"lora_us": graph_us(lora_only) / NUM_LAYERS}
             if base_us is not None:
-                total = graph_us(functools.partial(step.run, variant.plan, True, into_residual=into))
+                total = graph_us(
+                    functools.partial(step.run, variant.plan, True, into_residual=into)
+                )
                 out["step_us"] = (total - base_us) / NUM_LAYERS
             return out
     except Exception:  # a variant that cannot compile or run is reported, the rest still run
@@ -755,7 +757,13 @@ def sweep_prefill_tiles() -> bool:
         reference_lora.lora_expand(expected_out, group.lora_b[0], *mapping, *expand_args)
         shrink = functools.partial(tk.lora_shrink, x, group.lora_a[0], *mapping, lora_out)
         expand = functools.partial(
-            tk.lora_expand, expected_out, group.lora_b[0], *mapping, slots.scalings, y, 0,
+            tk.lora_expand,
+            expected_out,
+            group.lora_b[0],
+            *mapping,
+            slots.scalings,
+            y,
+            0,
             group.slice_sizes,
         )
         launches["shrink"].append(("_".join(names), shrink, lora_out, expected_out))

@@ -21,14 +21,11 @@ import io
 import json
 import pstats
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workload import synthetic_prompts, write_random_adapter, write_shape_checkpoint  # noqa: E402
 
 from loraplex.engine import LLM, LoRARequest, SamplingParams  # noqa: E402
@@ -39,27 +36,40 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_hf(model_dir: Path, prompts: list[list[int]], output_len: int, batch_size: int,
-           device: str, dtype: torch.dtype, dummy: bool) -> float:
+def run_hf(
+    model_dir: Path,
+    prompts: list[list[int]],
+    output_len: int,
+    batch_size: int,
+    device: str,
+    dtype: torch.dtype,
+    dummy: bool,
+) -> float:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if dummy:
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir),
-                                                     dtype=dtype)
+            model = AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(model_dir), dtype=dtype
+            )
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
     model.eval()
     start = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        batch = prompts[i:i + batch_size]
+        batch = prompts[i : i + batch_size]
         width = max(len(p) for p in batch)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch],
-                            device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
         with torch.no_grad():
-            model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=output_len,
-                           min_new_tokens=output_len, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=output_len,
+                min_new_tokens=output_len,
+                pad_token_id=0,
+            )
     sync(device)
     elapsed = time.perf_counter() - start
     del model
@@ -69,10 +79,17 @@ def run_hf(model_dir: Path, prompts: list[list[int]], output_len: int, batch_siz
     return elapsed
 
 
-def run_engine(llm: LLM, prompts: list[list[int]], output_len: int,
-               loras: list[LoRARequest | None], device: str, warm_up: bool = True) -> float:
-    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True,
-                            detokenize=False)
+def run_engine(
+    llm: LLM,
+    prompts: list[list[int]],
+    output_len: int,
+    loras: list[LoRARequest | None],
+    device: str,
+    warm_up: bool = True,
+) -> float:
+    params = SamplingParams(
+        max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False
+    )
     requests = [{"prompt_token_ids": p} for p in prompts]
     if warm_up:  # the same workload once, so every kernel shape is compiled before timing
         llm.generate(requests, params, lora_request=loras, use_tqdm=False)
@@ -84,20 +101,28 @@ def run_engine(llm: LLM, prompts: list[list[int]], output_len: int,
     return time.perf_counter() - start
 
 
-def step_breakdown(llm: LLM, prompts: list[list[int]], output_len: int,
-                   loras: list[LoRARequest | None], device: str,
-                   decode_profile: cProfile.Profile | None = None) -> dict:
+def step_breakdown(
+    llm: LLM,
+    prompts: list[list[int]],
+    output_len: int,
+    loras: list[LoRARequest | None],
+    device: str,
+    decode_profile: cProfile.Profile | None = None,
+) -> dict:
     """Per-step wall time, split into prefill-carrying steps and pure decode steps (profiled
     with `decode_profile`, if given: where the host time of a decode step goes)."""
     engine = llm.engine
-    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True,
-                            detokenize=False)
+    params = SamplingParams(
+        max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False
+    )
     for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
         engine.add_request(f"prof{i}", {"prompt_token_ids": prompt}, params, lora_request=lora)
     prefill_s, decode_s, decode_steps, prefill_steps = 0.0, 0.0, 0, 0
     while engine.has_unfinished_requests():
-        is_decode = all(r.num_computed_tokens == r.num_tokens - 1
-                        for r in engine.scheduler.running) and not engine.scheduler.waiting
+        is_decode = (
+            all(r.num_computed_tokens == r.num_tokens - 1 for r in engine.scheduler.running)
+            and not engine.scheduler.waiting
+        )
         sync(device)
         profile = decode_profile if is_decode else None
         if profile is not None:
@@ -112,14 +137,18 @@ def step_breakdown(llm: LLM, prompts: list[list[int]], output_len: int,
             decode_s, decode_steps = decode_s + elapsed, decode_steps + 1
         else:
             prefill_s, prefill_steps = prefill_s + elapsed, prefill_steps + 1
-    return {"prefill_steps": prefill_steps, "prefill_s": prefill_s,
-            "decode_steps": decode_steps,
-            "decode_step_ms": 1000 * decode_s / max(decode_steps, 1)}
+    return {
+        "prefill_steps": prefill_steps,
+        "prefill_s": prefill_s,
+        "decode_steps": decode_steps,
+        "decode_step_ms": 1000 * decode_s / max(decode_steps, 1),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", help="HF checkpoint dir (default: the demo model)")
     ap.add_argument("--shape", choices=["llama3-8b"], help="random weights at a named shape")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -135,8 +164,12 @@ def main() -> None:
     ap.add_argument("--adapters", default="", help="adapter counts, e.g. 0,1,8,64")
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--max-loras", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="timed rounds over all adapter counts, interleaved; medians reported")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed rounds over all adapter counts, interleaved; medians reported",
+    )
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--torch-profile", help="write a torch.profiler table of one run here")
@@ -156,36 +189,60 @@ def main() -> None:
 
         model_dir = ensure_demo_checkpoint(None)
     config = json.loads((model_dir / "config.json").read_text())
-    prompts = synthetic_prompts(args.num_prompts, args.min_prompt, args.max_prompt,
-                                config["vocab_size"])
+    prompts = synthetic_prompts(
+        args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"]
+    )
     num_out = args.num_prompts * args.output_len
-    results: dict = {"model": args.shape or str(model_dir), "device": args.device,
-                     "dtype": dtype_name, "num_prompts": args.num_prompts,
-                     "prompt_len": [args.min_prompt, args.max_prompt],
-                     "output_len": args.output_len, "runs": {}}
+    results: dict = {
+        "model": args.shape or str(model_dir),
+        "device": args.device,
+        "dtype": dtype_name,
+        "num_prompts": args.num_prompts,
+        "prompt_len": [args.min_prompt, args.max_prompt],
+        "output_len": args.output_len,
+        "runs": {},
+    }
     if args.device == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
 
     if not args.skip_hf:
-        hf_s = run_hf(model_dir, prompts, args.output_len, args.hf_batch_size, args.device,
-                      dtype, dummy)
+        hf_s = run_hf(
+            model_dir, prompts, args.output_len, args.hf_batch_size, args.device, dtype, dummy
+        )
         results["runs"]["hf"] = {"seconds": hf_s, "output_tok_s": num_out / hf_s}
-        print(f"HF transformers generate (static batches of {args.hf_batch_size}): "
-              f"{num_out / hf_s:9.1f} output tok/s ({hf_s:.2f} s)", flush=True)
+        print(
+            f"HF transformers generate (static batches of {args.hf_batch_size}): "
+            f"{num_out / hf_s:9.1f} output tok/s ({hf_s:.2f} s)",
+            flush=True,
+        )
 
     counts = [int(c) for c in args.adapters.split(",")] if args.adapters else [0]
-    llm = LLM(str(model_dir), device=args.device, dtype=dtype_name,
-              load_format="dummy" if dummy else "auto", max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-              enable_lora=max(counts) > 0, max_loras=args.max_loras,
-              max_lora_rank=max(args.lora_rank, 8), max_cpu_loras=max(max(counts), args.max_loras))
+    llm = LLM(
+        str(model_dir),
+        device=args.device,
+        dtype=dtype_name,
+        load_format="dummy" if dummy else "auto",
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=False,
+        enable_lora=max(counts) > 0,
+        max_loras=args.max_loras,
+        max_lora_rank=max(args.lora_rank, 8),
+        max_cpu_loras=max(max(counts), args.max_loras),
+    )
     workloads: dict[int, list[LoRARequest | None]] = {}
     for count in counts:
         loras: list[LoRARequest | None] = [None] * len(prompts)
         if count:
-            reqs = [LoRARequest(f"a{i}", i + 1, str(write_random_adapter(
-                tmp / f"adapter{i}", config, args.lora_rank, seed=i))) for i in range(count)]
+            reqs = [
+                LoRARequest(
+                    f"a{i}",
+                    i + 1,
+                    str(write_random_adapter(tmp / f"adapter{i}", config, args.lora_rank, seed=i)),
+                )
+                for i in range(count)
+            ]
             loras = [reqs[i % count] for i in range(len(prompts))]
         workloads[count] = loras
     # Rounds interleave the adapter counts that fit the GPU slots (0, 1, 8, 0, 1, 8, ...) so
@@ -198,15 +255,17 @@ def main() -> None:
     timings: dict[int, list[float]] = {count: [] for count in counts}
     breakdowns: dict[int, dict] = {}
     for i, count in enumerate(order):
-        seconds = run_engine(llm, prompts, args.output_len, workloads[count], args.device,
-                             warm_up=not timings[count])
+        seconds = run_engine(
+            llm, prompts, args.output_len, workloads[count], args.device, warm_up=not timings[count]
+        )
         timings[count].append(seconds)
-        if count in order[i + 1:]:
+        if count in order[i + 1 :]:
             continue
         # This count's last round: its per-step breakdown, while its adapters are resident.
         profile = cProfile.Profile() if args.decode_profile else None
-        breakdowns[count] = step_breakdown(llm, prompts, args.output_len, workloads[count],
-                                           args.device, profile)
+        breakdowns[count] = step_breakdown(
+            llm, prompts, args.output_len, workloads[count], args.device, profile
+        )
         if profile is not None:
             text = io.StringIO()
             pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
@@ -223,18 +282,24 @@ def main() -> None:
             from torch.profiler import ProfilerActivity, profile
 
             activities = [ProfilerActivity.CPU] + (
-                [ProfilerActivity.CUDA] if args.device == "cuda" else [])
+                [ProfilerActivity.CUDA] if args.device == "cuda" else []
+            )
             with profile(activities=activities) as prof:
                 step_breakdown(llm, prompts[:16], 16, loras[:16], args.device)
             sort = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
             with open(args.torch_profile, "a") as f:
                 f.write(f"=== {count} adapters ===\n")
                 f.write(prof.key_averages().table(sort_by=sort, row_limit=25) + "\n")
-                f.write(prof.key_averages().table(sort_by="self_cpu_time_total",
-                                                  row_limit=25) + "\n")
+                f.write(
+                    prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25) + "\n"
+                )
         results["runs"][f"loraplex_{count}_adapters"] = {
-            "seconds": seconds, "output_tok_s": tok_s, "ratio_to_no_adapter": tok_s / base_tok_s,
-            "seconds_each_round": timings[count], **breakdown}
+            "seconds": seconds,
+            "output_tok_s": tok_s,
+            "ratio_to_no_adapter": tok_s / base_tok_s,
+            "seconds_each_round": timings[count],
+            **breakdown,
+        }
         line = f"Loraplex, {count:3d} adapters (rank {args.lora_rank}): {tok_s:9.1f} output tok/s"
         line += f" ({seconds:.2f} s), {tok_s / base_tok_s:.3f}x the no-adapter run"
         if "hf" in results["runs"]:
@@ -243,9 +308,12 @@ def main() -> None:
         if args.repeats > 1:
             rounds = ", ".join(f"{num_out / t:.0f}" for t in timings[count])
             print(f"    median of {args.repeats} rounds (tok/s each: {rounds})", flush=True)
-        print(f"    steps: {breakdown['prefill_steps']} with prefill "
-              f"({breakdown['prefill_s']:.2f} s), {breakdown['decode_steps']} decode-only "
-              f"({breakdown['decode_step_ms']:.2f} ms each)", flush=True)
+        print(
+            f"    steps: {breakdown['prefill_steps']} with prefill "
+            f"({breakdown['prefill_s']:.2f} s), {breakdown['decode_steps']} decode-only "
+            f"({breakdown['decode_step_ms']:.2f} ms each)",
+            flush=True,
+        )
     results["engine_stats"] = llm.engine.get_stats()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -13,22 +13,35 @@ from safetensors.torch import save_file
 # Llama-3-8B's shape (REFERENCE.md's measurements use it).
 SHAPES = {
     "llama3-8b": {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
-        "rms_norm_eps": 1e-5, "max_position_embeddings": 8192, "rope_theta": 500000.0,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
         "eos_token_id": 2,
     },
 }
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def synthetic_prompts(num_prompts: int, min_len: int, max_len: int, vocab_size: int,
-                      seed: int = 0) -> list[list[int]]:
+def synthetic_prompts(
+    num_prompts: int, min_len: int, max_len: int, vocab_size: int, seed: int = 0
+) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(10, vocab_size) for _ in range(rng.randint(min_len, max_len))]
-            for _ in range(num_prompts)]
+    return [
+        [rng.randrange(10, vocab_size) for _ in range(rng.randint(min_len, max_len))]
+        for _ in range(num_prompts)
+    ]
 
 
 def write_shape_checkpoint(shape: str, out_dir: Path) -> Path:
@@ -45,15 +58,23 @@ def write_shape_checkpoint(shape: str, out_dir: Path) -> Path:
     return out_dir
 
 
-def write_random_adapter(out_dir: Path, config: dict, rank: int, seed: int,
-                         modules: tuple[str, ...] = LORA_MODULES) -> Path:
+def write_random_adapter(
+    out_dir: Path, config: dict, rank: int, seed: int, modules: tuple[str, ...] = LORA_MODULES
+) -> Path:
     """A PEFT-format LoRA adapter with random weights for a model config dict."""
     gen = torch.Generator().manual_seed(seed)
     h, i = config["hidden_size"], config["intermediate_size"]
     head_dim = config.get("head_dim") or h // config["num_attention_heads"]
     q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-    dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    dims = {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
     tensors = {}
     for layer in range(config["num_hidden_layers"]):
         for module in modules:
@@ -63,10 +84,21 @@ def write_random_adapter(out_dir: Path, config: dict, rank: int, seed: int,
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, in_dim, generator=gen) * 0.01
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_dim, rank, generator=gen) * 0.01
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()},
-              str(out_dir / "adapter_model.safetensors"))
-    (out_dir / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(modules),
-        "bias": "none", "lora_dropout": 0.0, "task_type": "CAUSAL_LM",
-    }))
+    save_file(
+        {k: v.to(torch.bfloat16) for k, v in tensors.items()},
+        str(out_dir / "adapter_model.safetensors"),
+    )
+    (out_dir / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": rank,
+                "lora_alpha": 2 * rank,
+                "target_modules": list(modules),
+                "bias": "none",
+                "lora_dropout": 0.0,
+                "task_type": "CAUSAL_LM",
+            }
+        )
+    )
     return out_dir

@@ -111,16 +111,25 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not running")
         if isinstance(prompt, str):
             # Tokenize off the event loop: a long prompt must not stall other clients.
-            prompt = {"prompt": prompt,
-                      "prompt_token_ids": await asyncio.to_thread(self.tokenizer.encode, prompt)}
+            prompt = {
+                "prompt": prompt,
+                "prompt_token_ids": await asyncio.to_thread(self.tokenizer.encode, prompt),
+            }
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         added: asyncio.Future[None] = loop.create_future()
 
         def add() -> None:
             try:
-                self.engine.add_request(request_id, prompt, sampling_params, lora_request,
-                                        priority, fairness_key, cache_salt)
+                self.engine.add_request(
+                    request_id,
+                    prompt,
+                    sampling_params,
+                    lora_request,
+                    priority,
+                    fairness_key,
+                    cache_salt,
+                )
                 self._streams[request_id] = stream
                 loop.call_soon_threadsafe(_resolve, added, None)
             except Exception as exc:  # handed to the caller, who raises it
@@ -154,8 +163,9 @@ class AsyncEngine:
 
         Reads files: call it off the event loop.
         """
-        return load_lora_adapter(path, self.engine.runner.arch,
-                                 self.engine.config.lora.max_lora_rank)
+        return load_lora_adapter(
+            path, self.engine.runner.arch, self.engine.config.lora.max_lora_rank
+        )
 
     async def add_lora(self, lora_request: LoRARequest) -> None:
         """Load an adapter now, in the engine thread (else it loads on first use)."""

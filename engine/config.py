@@ -48,9 +48,14 @@ class CacheConfig:
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        _require(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), "block_size must be a power of 2 <= 128")
+        _require(
+            self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
+            "block_size must be a power of 2 <= 128",
+        )
         _require(self.num_kv_blocks is None or self.num_kv_blocks > 0, "num_kv_blocks must be > 0")
-        _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization must be in (0, 1]")
+        _require(
+            0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization must be in (0, 1]"
+        )
         _require(self.cpu_kv_cache_gb > 0, "cpu_kv_cache_gb must be > 0")
         _require(self.swap_space_gb >= 0, "swap_space_gb must be >= 0")
 
@@ -65,7 +70,9 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         _require(self.max_num_seqs > 0, "max_num_seqs must be > 0")
         _require(self.max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0")
-        _require(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy: fcfs | priority")
+        _require(
+            self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy: fcfs | priority"
+        )
         _require(self.preemption_mode in ("swap", "recompute"), "preemption_mode: swap | recompute")
 
 

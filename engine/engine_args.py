@@ -27,8 +27,9 @@ def create_engine_config(model: str, **kwargs: Any) -> EngineConfig:
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     sections["model"]["model"] = model
     for key, value in kwargs.items():
-        owner = next((name for name, cls in _SECTIONS.items()
-                      if key in {f.name for f in fields(cls)}), None)
+        owner = next(
+            (name for name, cls in _SECTIONS.items() if key in {f.name for f in fields(cls)}), None
+        )
         if owner is None:
             raise ConfigError(f"unknown engine argument {key!r}")
         sections[owner][key] = value

@@ -31,10 +31,13 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the order of `prompts`."""
         prompt_list = _as_list(prompts)
-        params = _broadcast(sampling_params or SamplingParams(), len(prompt_list), "sampling_params")
+        params = _broadcast(
+            sampling_params or SamplingParams(), len(prompt_list), "sampling_params"
+        )
         loras = _broadcast(lora_request, len(prompt_list), "lora_request")
-        priorities = _broadcast(priority if priority is not None else 0, len(prompt_list),
-                                "priority")
+        priorities = _broadcast(
+            priority if priority is not None else 0, len(prompt_list), "priority"
+        )
         ids = []
         for prompt, p, lora, prio in zip(prompt_list, params, loras, priorities, strict=True):
             request_id = str(self._next_id)

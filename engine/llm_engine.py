@@ -46,18 +46,22 @@ class LLMEngine:
         self.runner.initialize_swap_space(num_cpu_blocks)
         # A lone request must always fit the pool, so nothing can wait for blocks forever.
         self.max_model_len = min(max_model_len, num_blocks * block_size)
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size,
-                                               config.cache.enable_prefix_caching,
-                                               num_cpu_blocks)
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, block_size, config.cache.enable_prefix_caching, num_cpu_blocks
+        )
         self.lora_manager: LoRAManager | None = None
         if config.lora.enable_lora:
-            self.lora_manager = LoRAManager(config.lora, arch, self.runner.dtype,
-                                            self.runner.device)
+            self.lora_manager = LoRAManager(
+                config.lora, arch, self.runner.dtype, self.runner.device
+            )
             self.runner.lora = self.lora_manager
         self.runner.capture_cuda_graphs(
-            self.max_model_len, self.lora_manager.slots if self.lora_manager else None)
+            self.max_model_len, self.lora_manager.slots if self.lora_manager else None
+        )
         self.scheduler = Scheduler(
-            config.scheduler, self.kv_cache_manager, self.max_model_len,
+            config.scheduler,
+            self.kv_cache_manager,
+            self.max_model_len,
             max_loras=config.lora.max_loras if config.lora.enable_lora else None,
             on_finish=self._on_request_finished,
         )
@@ -79,10 +83,17 @@ class LLMEngine:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         return None, list(prompt)
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    lora_request: LoRARequest | None = None, priority: int = 0,
-                    fairness_key: str = "", cache_salt: str | None = None,
-                    arrival_time: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        lora_request: LoRARequest | None = None,
+        priority: int = 0,
+        fairness_key: str = "",
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
         """Queue one user request (n completions). Raises InvalidRequestError if it can't run."""
         if self.output_processor.has(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -101,8 +112,11 @@ class LLMEngine:
                 prompt_token_ids=prompt_token_ids,
                 sampling_params=_child_params(params, i),
                 eos_token_ids=frozenset(self.tokenizer.eos_token_ids),
-                lora_request=lora_request, priority=priority, fairness_key=fairness_key,
-                cache_salt=cache_salt, arrival_time=arrival_time,
+                lora_request=lora_request,
+                priority=priority,
+                fairness_key=fairness_key,
+                cache_salt=cache_salt,
+                arrival_time=arrival_time,
                 fork_parent_id=None if i == 0 else f"{request_id}#0",
             )
             for i in range(params.n)
@@ -116,8 +130,9 @@ class LLMEngine:
                     assert lora_request.content_hash is not None
                     self.lora_manager.pin(lora_request.content_hash)
         except Exception:
-            self.scheduler.finish_requests([c.request_id for c in added],
-                                           RequestStatus.FINISHED_ABORTED)
+            self.scheduler.finish_requests(
+                [c.request_id for c in added], RequestStatus.FINISHED_ABORTED
+            )
             raise
         self.output_processor.add(request_id, prompt_text, children)
 
@@ -159,8 +174,9 @@ class LLMEngine:
             runner_output = self.runner.execute(scheduler_output)
         except Exception:
             # One failed step (e.g. out of memory) fails the requests in it, not the engine.
-            logger.exception("model step failed; failing the %d requests in it",
-                             len(scheduler_output.scheduled))
+            logger.exception(
+                "model step failed; failing the %d requests in it", len(scheduler_output.scheduled)
+            )
             failed = [s.request.request_id for s in scheduler_output.scheduled]
             self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
             return self.output_processor.finish(failed, "error")

@@ -45,7 +45,8 @@ class OutputProcessor:
         for index, child in enumerate(children):
             detokenizer = IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids)
             logprobs: list[tuple[Logprob, list[Logprob]]] | None = (
-                [] if child.sampling_params.logprobs is not None else None)
+                [] if child.sampling_params.logprobs is not None else None
+            )
             user.completions.append(_Completion(child, detokenizer, logprobs=logprobs))
             self._child_to_user[child.request_id] = (request_id, index)
         self._users[request_id] = user
@@ -57,8 +58,9 @@ class OutputProcessor:
     def has(self, request_id: str) -> bool:
         return request_id in self._users
 
-    def process(self, updated: list[Request],
-                logprobs: dict[str, tuple[Logprob, list[Logprob]]]) -> tuple[list[RequestOutput], list[str]]:
+    def process(
+        self, updated: list[Request], logprobs: dict[str, tuple[Logprob, list[Logprob]]]
+    ) -> tuple[list[RequestOutput], list[str]]:
         """Outputs for users whose completions advanced, and child ids a stop string ended."""
         stopped: list[str] = []
         touched: dict[str, _UserRequest] = {}
@@ -96,7 +98,7 @@ class OutputProcessor:
             return False
         delta = completion.detokenizer.append(request.output_token_ids[-1:])
         completion.text += delta
-        stops = request.sampling_params.stop or []
+        stops = request.sampling_params.stop
         cut = find_stop_string(completion.text, len(delta), stops) if stops else None
         if cut is not None:
             matched = next(s for s in stops if completion.text[cut:].startswith(s))
@@ -118,16 +120,25 @@ class OutputProcessor:
             text = c.text
             if c.finish_reason is None:
                 text = text[: len(text) - self._holdback(c)]
-            outputs.append(CompletionOutput(
-                index=index, text=text, token_ids=list(c.request.output_token_ids),
-                finish_reason=c.finish_reason, logprobs=c.logprobs, stop_reason=c.stop_reason,
-            ))
+            outputs.append(
+                CompletionOutput(
+                    index=index,
+                    text=text,
+                    token_ids=list(c.request.output_token_ids),
+                    finish_reason=c.finish_reason,
+                    logprobs=c.logprobs,
+                    stop_reason=c.stop_reason,
+                )
+            )
         finished = user.finished
         if finished:
             self._forget(user)
         return RequestOutput(
-            request_id=user.request_id, prompt=user.prompt,
-            prompt_token_ids=user.prompt_token_ids, outputs=outputs, finished=finished,
+            request_id=user.request_id,
+            prompt=user.prompt,
+            prompt_token_ids=user.prompt_token_ids,
+            outputs=outputs,
+            finished=finished,
             num_cached_tokens=user.completions[0].request.num_cached_tokens,
         )
 
@@ -135,7 +146,7 @@ class OutputProcessor:
     def _holdback(completion: _Completion) -> int:
         # Hold back what could be the start of a stop string, so streamed text never has to
         # be taken back.
-        stops = completion.request.sampling_params.stop or []
+        stops = completion.request.sampling_params.stop
         return max((len(s) - 1 for s in stops), default=0)
 
     def _forget(self, user: _UserRequest) -> None:

@@ -46,8 +46,9 @@ class SamplingParams:
     top_k: int = -1
     min_p: float = 0.0
     n: int = 1
-    stop: list[str] | str | None = None
-    stop_token_ids: list[int] | None = None
+    # A str or None is accepted too (vLLM's and OpenAI's forms) and normalized to a list.
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None
@@ -58,38 +59,70 @@ class SamplingParams:
     detokenize: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
+        stop: list[str] | str | None = self.stop
+        self.stop = [stop] if isinstance(stop, str) else list(stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
-        _check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
-               and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1")
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
+        _check(
+            isinstance(self.max_tokens, int)
+            and not isinstance(self.max_tokens, bool)
+            and self.max_tokens >= 1,
+            "max_tokens",
+            "must be an integer >= 1",
+        )
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
             value = getattr(self, name)
             _check(_is_number(value) and math.isfinite(value), name, "must be a finite number")
         _check(0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]")
         _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
-        _check(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 1), "top_k",
-               "must be -1 (off) or >= 1")
+        _check(
+            isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 1),
+            "top_k",
+            "must be -1 (off) or >= 1",
+        )
         _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
         _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"must be in [1, {MAX_N}]")
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
         _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
         _check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} strings")
-        _check(all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_LEN for s in self.stop),
-               "stop", f"each stop string must have 1..{MAX_STOP_STRING_LEN} characters")
-        _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
-               f"at most {MAX_STOP_TOKEN_IDS} ids")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-               "must be non-negative integers")
-        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
-               "seed", "must be an integer in [0, 2**63)")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int)
-               and 0 <= self.logprobs <= MAX_LOGPROBS), "logprobs", f"must be in [0, {MAX_LOGPROBS}]")
-        _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
-               "min_tokens", "must be in [0, max_tokens]")
+        _check(
+            all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_LEN for s in self.stop),
+            "stop",
+            f"each stop string must have 1..{MAX_STOP_STRING_LEN} characters",
+        )
+        _check(
+            len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+            "stop_token_ids",
+            f"at most {MAX_STOP_TOKEN_IDS} ids",
+        )
+        _check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            "must be non-negative integers",
+        )
+        _check(
+            self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+            "seed",
+            "must be an integer in [0, 2**63)",
+        )
+        _check(
+            self.logprobs is None
+            or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+            "logprobs",
+            f"must be in [0, {MAX_LOGPROBS}]",
+        )
+        _check(
+            isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            "must be in [0, max_tokens]",
+        )
 
     @property
     def is_greedy(self) -> bool:
@@ -97,8 +130,11 @@ class SamplingParams:
 
     @property
     def needs_penalties(self) -> bool:
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.repetition_penalty != 1.0)
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,15 @@ from tokenizers import AddedToken
 
 from loraplex.engine.model.hf_config import ModelLoadError
 
-_NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                         "cls_token", "mask_token")
+_NAMED_SPECIAL_TOKENS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 # How many prompt tokens the detokenizer decodes as context before the first output token
 # (enough for a multi-byte character or a leading-space marker).
 _INITIAL_DETOKENIZATION_OFFSET = 5
@@ -87,11 +94,17 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson escapes HTML characters; chat templates expect plain JSON.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -100,8 +113,9 @@ def _strftime_now(fmt: str) -> str:
 
 def compile_chat_template(source: str) -> jinja2.Template:
     """Compile a chat template in the sandbox, with the helpers transformers provides."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -114,20 +128,29 @@ def compile_chat_template(source: str) -> jinja2.Template:
 class Tokenizer:
     """A checkpoint's tokenizer: encode/decode, special ids, chat template."""
 
-    def __init__(self, backend: tokenizers.Tokenizer, tokenizer_config: dict[str, Any],
-                 model_eos_token_ids: Sequence[int] = (), model_bos_token_id: int | None = None,
-                 chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        tokenizer_config: dict[str, Any],
+        model_eos_token_ids: Sequence[int] = (),
+        model_bos_token_id: int | None = None,
+        chat_template: str | None = None,
+    ) -> None:
         self.backend = backend
         self.special_tokens_map: dict[str, str] = {}
         for name in _NAMED_SPECIAL_TOKENS:
             content = _token_content(tokenizer_config.get(name))
             if content is not None:
                 self.special_tokens_map[name] = content
-        extra = tokenizer_config.get("additional_special_tokens") or \
-            tokenizer_config.get("extra_special_tokens") or []
+        extra = (
+            tokenizer_config.get("additional_special_tokens")
+            or tokenizer_config.get("extra_special_tokens")
+            or []
+        )
         extra_tokens = extra.values() if isinstance(extra, dict) else extra
-        self._register_special_tokens([*self.special_tokens_map.values(),
-                                       *filter(None, map(_token_content, extra_tokens))])
+        self._register_special_tokens(
+            [*self.special_tokens_map.values(), *filter(None, map(_token_content, extra_tokens))]
+        )
         # Like transformers 5, tokenizer.json's post-processor alone decides whether BOS/EOS are
         # added: tokenizer_config's add_bos_token/add_eos_token are ignored.
         bos = self.special_tokens_map.get("bos_token")
@@ -138,8 +161,9 @@ class Tokenizer:
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(ordered))
         self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
         self.chat_template = chat_template
-        self._compiled_template = (compile_chat_template(chat_template)
-                                   if chat_template is not None else None)
+        self._compiled_template = (
+            compile_chat_template(chat_template) if chat_template is not None else None
+        )
 
     @classmethod
     def from_model_dir(cls, model_dir: str | os.PathLike[str]) -> Tokenizer:
@@ -157,8 +181,13 @@ class Tokenizer:
         generation_config = _read_json(root / "generation_config.json")
         eos_ids = _ids(generation_config.get("eos_token_id")) + _ids(config.get("eos_token_id"))
         bos_ids = _ids(generation_config.get("bos_token_id")) + _ids(config.get("bos_token_id"))
-        return cls(backend, tokenizer_config, eos_ids, bos_ids[0] if bos_ids else None,
-                   _find_chat_template(root, tokenizer_config))
+        return cls(
+            backend,
+            tokenizer_config,
+            eos_ids,
+            bos_ids[0] if bos_ids else None,
+            _find_chat_template(root, tokenizer_config),
+        )
 
     def _register_special_tokens(self, contents: Iterable[str]) -> None:
         # As transformers does: named special tokens become special added tokens, so that they
@@ -167,7 +196,8 @@ class Tokenizer:
         missing = [c for c in dict.fromkeys(contents) if c not in special]
         if missing:
             self.backend.add_special_tokens(
-                [AddedToken(c, special=True, normalized=False) for c in missing])
+                [AddedToken(c, special=True, normalized=False) for c in missing]
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -193,18 +223,27 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self._compiled_template is not None
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]],
-                            add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None, **kwargs: Any) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> str:
         """Render messages ([{"role", "content"}, ...]) with the checkpoint's chat template."""
         if self._compiled_template is None:
-            raise ChatTemplateError("this model has no chat template (tokenizer_config.json "
-                                    "chat_template / chat_template.jinja); use completions")
+            raise ChatTemplateError(
+                "this model has no chat template (tokenizer_config.json "
+                "chat_template / chat_template.jinja); use completions"
+            )
         variables = {**self.special_tokens_map, **kwargs}
         try:
             return self._compiled_template.render(
-                messages=[dict(m) for m in messages], tools=tools,
-                add_generation_prompt=add_generation_prompt, **variables)
+                messages=[dict(m) for m in messages],
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template error: {e}") from e
 
@@ -220,8 +259,12 @@ class IncrementalDetokenizer:
                   ^prefix_offset  ^read_offset   (emitted text covers ids up to read_offset)
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int],
-                 skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+    ) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         self._ids = list(prompt_token_ids[-_INITIAL_DETOKENIZATION_OFFSET:])
@@ -238,29 +281,30 @@ class IncrementalDetokenizer:
         """Add generated ids; return the text they complete (may be empty)."""
         self._ids.extend(token_ids)
         decode = self._tokenizer.decode
-        prefix_text = decode(self._ids[self._prefix_offset:self._read_offset],
-                             self._skip_special_tokens)
-        new_text = decode(self._ids[self._prefix_offset:], self._skip_special_tokens)
+        prefix_text = decode(
+            self._ids[self._prefix_offset : self._read_offset], self._skip_special_tokens
+        )
+        new_text = decode(self._ids[self._prefix_offset :], self._skip_special_tokens)
         if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
             return ""
         if new_text.startswith(prefix_text):
-            delta = new_text[len(prefix_text):]
+            delta = new_text[len(prefix_text) :]
         else:  # a character split at the prompt boundary, completed by the output
-            delta = new_text[len(os.path.commonprefix([prefix_text, new_text])):]
+            delta = new_text[len(os.path.commonprefix([prefix_text, new_text])) :]
         # Keep only the window still needed: drop ids before the new prefix offset.
-        del self._ids[:self._read_offset]
+        del self._ids[: self._read_offset]
         self._prefix_offset, self._read_offset = 0, len(self._ids)
         self._chunks.append(delta)
         return delta
 
-
     def flush(self) -> str:
         """At the end of a completion: the held-back text (e.g. a lone U+FFFD), if any."""
         decode = self._tokenizer.decode
-        prefix_text = decode(self._ids[self._prefix_offset:self._read_offset],
-                             self._skip_special_tokens)
-        new_text = decode(self._ids[self._prefix_offset:], self._skip_special_tokens)
-        delta = new_text[len(os.path.commonprefix([prefix_text, new_text])):]
+        prefix_text = decode(
+            self._ids[self._prefix_offset : self._read_offset], self._skip_special_tokens
+        )
+        new_text = decode(self._ids[self._prefix_offset :], self._skip_special_tokens)
+        delta = new_text[len(os.path.commonprefix([prefix_text, new_text])) :]
         self._prefix_offset = self._read_offset = len(self._ids)
         self._chunks.append(delta)
         return delta

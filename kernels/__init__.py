@@ -16,6 +16,15 @@ from loraplex.kernels.dispatch import (
 )
 from loraplex.kernels.lora_mapping import build_lora_mapping
 
-__all__ = ["apply_rotary_pos_emb", "build_lora_mapping", "fused_add_rms_norm", "lora_expand",
-           "lora_shrink", "lora_shrink_expand", "paged_attention", "reshape_and_cache",
-           "rms_norm", "silu_and_mul"]
+__all__ = [
+    "apply_rotary_pos_emb",
+    "build_lora_mapping",
+    "fused_add_rms_norm",
+    "lora_expand",
+    "lora_shrink",
+    "lora_shrink_expand",
+    "paged_attention",
+    "reshape_and_cache",
+    "rms_norm",
+    "silu_and_mul",
+]

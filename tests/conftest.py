@@ -14,7 +14,18 @@ if not torch.cuda.is_available():
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-from checkpoints import CheckpointFactory, build_smollm2_checkpoint, make_checkpoint_factory
+
+from tests.checkpoints import CheckpointFactory, build_smollm2_checkpoint, make_checkpoint_factory
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` need CUDA: skipped here, run with `make test-gpu` on a GPU machine."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (make test-gpu on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -29,12 +29,13 @@ def hash_block_tokens(parent_hash: bytes, extra: bytes, token_ids: list[int]) ->
     return digest.digest()
 
 
-def hash_request_blocks(token_ids: list[int], block_size: int, extra: bytes,
-                        known: list[bytes] | None = None) -> list[bytes]:
+def hash_request_blocks(
+    token_ids: list[int], block_size: int, extra: bytes, known: list[bytes] | None = None
+) -> list[bytes]:
     """Hashes of every full block of `token_ids`, extending `known` (already computed ones)."""
     hashes = list(known or [])
     parent = hashes[-1] if hashes else ROOT_HASH
     for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, extra, token_ids[start:start + block_size])
+        parent = hash_block_tokens(parent, extra, token_ids[start : start + block_size])
         hashes.append(parent)
     return hashes

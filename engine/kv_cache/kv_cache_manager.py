@@ -16,8 +16,13 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False,
-                 num_cpu_blocks: int = 0) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = False,
+        num_cpu_blocks: int = 0,
+    ) -> None:
         self.block_size = block_size
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.swap_space = SwapSpace(num_cpu_blocks)
@@ -68,8 +73,12 @@ class KVCacheManager:
         self.num_prefix_queried_tokens += num_tokens
         self.num_prefix_hit_tokens += num_hit_tokens
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       computed_blocks: list[KVCacheBlock] | None = None) -> bool:
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed_blocks: list[KVCacheBlock] | None = None,
+    ) -> bool:
         """Make room for `num_new_tokens` more tokens after the computed ones.
 
         `computed_blocks` (prefix-cache hits, first allocation only) are taken by reference.

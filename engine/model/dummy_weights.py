@@ -18,8 +18,9 @@ DUMMY_STD = 0.02
 
 
 @torch.no_grad()
-def create_dummy_model(model_dir: str | Path, dtype: str | torch.dtype,
-                       device: torch.device) -> tuple[LlamaForCausalLM, ModelArchConfig]:
+def create_dummy_model(
+    model_dir: str | Path, dtype: str | torch.dtype, device: torch.device
+) -> tuple[LlamaForCausalLM, ModelArchConfig]:
     arch = ModelArchConfig.from_model_dir(model_dir)
     model = LlamaForCausalLM(arch, resolve_dtype(dtype, arch, device), device)
     generator = torch.Generator(device).manual_seed(0)

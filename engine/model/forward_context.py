@@ -38,11 +38,23 @@ class LoRAApplier(Protocol):
     the caller adds y to next, into that one, already at `begin`). `apply` does both at once.
     """
 
-    def apply(self, layer_idx: int, slice_names: tuple[str, ...], slice_sizes: tuple[int, ...],
-              x: torch.Tensor, y: torch.Tensor) -> None: ...
+    def apply(
+        self,
+        layer_idx: int,
+        slice_names: tuple[str, ...],
+        slice_sizes: tuple[int, ...],
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> None: ...
 
-    def begin(self, layer_idx: int, slice_names: tuple[str, ...], slice_sizes: tuple[int, ...],
-              x: torch.Tensor, delta_into: torch.Tensor | None = None) -> Any: ...
+    def begin(
+        self,
+        layer_idx: int,
+        slice_names: tuple[str, ...],
+        slice_sizes: tuple[int, ...],
+        x: torch.Tensor,
+        delta_into: torch.Tensor | None = None,
+    ) -> Any: ...
 
     def finish(self, shrunk: Any, y: torch.Tensor) -> None: ...
 

@@ -73,13 +73,22 @@ class ModelArchConfig:
     eos_token_ids: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"):
+        for name in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
             if getattr(self, name) <= 0:
                 raise ModelLoadError(f"config.json: {name} must be > 0")
         if self.num_attention_heads % self.num_key_value_heads != 0:
-            raise ModelLoadError("config.json: num_attention_heads must be a multiple of "
-                                 "num_key_value_heads")
+            raise ModelLoadError(
+                "config.json: num_attention_heads must be a multiple of num_key_value_heads"
+            )
         if len(self.sliding_windows) != self.num_hidden_layers:
             raise ModelLoadError("config.json: layer_types must have one entry per layer")
 
@@ -140,7 +149,8 @@ def _parse(c: dict[str, Any]) -> ModelArchConfig:
     if arch is None:
         raise UnsupportedModelError(
             f"unsupported architecture {architectures or c.get('model_type')!r}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     model_type = SUPPORTED_ARCHITECTURES[arch]
     if c.get("hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"unsupported hidden_act {c.get('hidden_act')!r} (only silu)")
@@ -180,8 +190,9 @@ def _parse(c: dict[str, Any]) -> ModelArchConfig:
         raise ModelLoadError(f"config.json: malformed value ({e})") from e
 
 
-def _parse_sliding_windows(c: dict[str, Any], model_type: str, num_layers: int
-                           ) -> tuple[int | None, ...]:
+def _parse_sliding_windows(
+    c: dict[str, Any], model_type: str, num_layers: int
+) -> tuple[int | None, ...]:
     window = c.get("sliding_window")
     if model_type == "llama" or window is None:
         return (None,) * num_layers
@@ -194,8 +205,9 @@ def _parse_sliding_windows(c: dict[str, Any], model_type: str, num_layers: int
     layer_types = c.get("layer_types")
     if layer_types is None:
         first = int(c.get("max_window_layers", num_layers))
-        layer_types = ["sliding_attention" if i >= first else "full_attention"
-                       for i in range(num_layers)]
+        layer_types = [
+            "sliding_attention" if i >= first else "full_attention" for i in range(num_layers)
+        ]
     return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)
 
 
@@ -212,11 +224,13 @@ def _parse_rope(c: dict[str, Any], max_pos: int) -> RopeConfig:
     rope_type = str(p.get("rope_type") or p.get("type") or "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
-            f"unsupported rope type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+            f"unsupported rope type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
     if p.get("partial_rotary_factor", 1.0) != 1.0:
         raise UnsupportedModelError("partial_rotary_factor != 1 is not supported")
-    original_max = p.get("original_max_position_embeddings",
-                         c.get("original_max_position_embeddings"))
+    original_max = p.get(
+        "original_max_position_embeddings", c.get("original_max_position_embeddings")
+    )
     if rope_type in ("llama3", "yarn") and original_max is None:
         original_max = max_pos
     factor = p.get("factor")

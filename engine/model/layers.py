@@ -20,22 +20,26 @@ class RMSNorm(nn.Module):
     `norm(x, residual) -> (norm(x + residual), x + residual)`, one kernel on CUDA.
     """
 
-    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, hidden_size: int, eps: float, dtype: torch.dtype, device: torch.device
+    ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype, device=device),
-                                   requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.ones(hidden_size, dtype=dtype, device=device), requires_grad=False
+        )
         self.eps = eps
 
     @overload
     def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
 
     @overload
-    def forward(self, x: torch.Tensor, residual: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x, residual [T, hidden] -> normed [T, hidden], or (normed, x + residual)"""
         if residual is None:
             return rms_norm(x, self.weight, self.eps)

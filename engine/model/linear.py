@@ -20,9 +20,16 @@ from loraplex.engine.model.forward_context import ForwardContext
 class MergedLinear(nn.Module):
     """y = x @ W.T (+ b), then the step's LoRA deltas, if any, added in place."""
 
-    def __init__(self, layer_idx: int, input_size: int, slice_names: tuple[str, ...],
-                 slice_sizes: tuple[int, ...], bias: bool, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        layer_idx: int,
+        input_size: int,
+        slice_names: tuple[str, ...],
+        slice_sizes: tuple[int, ...],
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         super().__init__()
         assert len(slice_names) == len(slice_sizes) > 0
         self.layer_idx = layer_idx
@@ -32,11 +39,13 @@ class MergedLinear(nn.Module):
         self.output_size = sum(slice_sizes)
         self.weight = nn.Parameter(
             torch.empty(self.output_size, input_size, dtype=dtype, device=device),
-            requires_grad=False)  # [output_size, input_size]
+            requires_grad=False,
+        )  # [output_size, input_size]
         self.bias: nn.Parameter | None = None
         if bias:
-            self.bias = nn.Parameter(torch.empty(self.output_size, dtype=dtype, device=device),
-                                     requires_grad=False)
+            self.bias = nn.Parameter(
+                torch.empty(self.output_size, dtype=dtype, device=device), requires_grad=False
+            )
 
     def slice_range(self, name: str) -> tuple[int, int]:
         """(first row, number of rows) of the named projection in the fused weight."""
@@ -47,8 +56,9 @@ class MergedLinear(nn.Module):
             start += size
         raise KeyError(f"{name!r} is not a slice of {self.slice_names}")
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, ctx: ForwardContext, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x [T, input_size] -> [T, output_size]
 
         `residual` [T, output_size]: the residual stream that the caller adds y to next (o_proj,
@@ -58,13 +68,16 @@ class MergedLinear(nn.Module):
         if ctx.lora is None:
             return F.linear(x, self.weight, self.bias)
         # The shrink only reads x, so it may run beside the base GEMM (on a side stream).
-        shrunk = ctx.lora.begin(self.layer_idx, self.slice_names, self.slice_sizes, x,
-                                delta_into=residual)
+        shrunk = ctx.lora.begin(
+            self.layer_idx, self.slice_names, self.slice_sizes, x, delta_into=residual
+        )
         y = F.linear(x, self.weight, self.bias)
         ctx.lora.finish(shrunk, y)
         return y
 
     def extra_repr(self) -> str:
-        return (f"layer={self.layer_idx}, in={self.input_size}, "
-                f"slices={dict(zip(self.slice_names, self.slice_sizes, strict=True))}, "
-                f"bias={self.bias is not None}")
+        return (
+            f"layer={self.layer_idx}, in={self.input_size}, "
+            f"slices={dict(zip(self.slice_names, self.slice_sizes, strict=True))}, "
+            f"bias={self.bias is not None}"
+        )

@@ -19,25 +19,34 @@ from loraplex.engine.model.rotary import RotaryEmbedding
 
 
 class MLP(nn.Module):
-    def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         super().__init__()
         inter = arch.intermediate_size
-        self.gate_up_proj = MergedLinear(layer_idx, arch.hidden_size, ("gate_proj", "up_proj"),
-                                         (inter, inter), arch.mlp_bias, dtype, device)
-        self.down_proj = MergedLinear(layer_idx, inter, ("down_proj",), (arch.hidden_size,),
-                                      arch.mlp_bias, dtype, device)
+        self.gate_up_proj = MergedLinear(
+            layer_idx,
+            arch.hidden_size,
+            ("gate_proj", "up_proj"),
+            (inter, inter),
+            arch.mlp_bias,
+            dtype,
+            device,
+        )
+        self.down_proj = MergedLinear(
+            layer_idx, inter, ("down_proj",), (arch.hidden_size,), arch.mlp_bias, dtype, device
+        )
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext,
-                residual: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, residual: torch.Tensor) -> torch.Tensor:
         """x [T, hidden_size] -> [T, hidden_size]; down_proj's LoRA deltas go into `residual`"""
         return self.down_proj(self.act_fn(self.gate_up_proj(x, ctx)), ctx, residual)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         super().__init__()
         eps = arch.rms_norm_eps
         self.input_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
@@ -45,8 +54,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
         self.mlp = MLP(arch, layer_idx, dtype, device)
 
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: ForwardContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden, residual [T, hidden_size] -> (mlp output, residual stream before it).
 
         The residual adds are deferred into the next norm (vLLM's layout): the stream after
@@ -65,15 +80,18 @@ class LlamaModel(nn.Module):
     def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         weight = torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, _weight=weight,
-                                         _freeze=True)  # [vocab_size, hidden_size]
+        self.embed_tokens = nn.Embedding(
+            arch.vocab_size, arch.hidden_size, _weight=weight, _freeze=True
+        )  # [vocab_size, hidden_size]
         self.layers = nn.ModuleList(
-            DecoderLayer(arch, i, dtype, device) for i in range(arch.num_hidden_layers))
+            DecoderLayer(arch, i, dtype, device) for i in range(arch.num_hidden_layers)
+        )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.rotary_emb = RotaryEmbedding(arch.rope, arch.head_dim, device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
         """input_ids, positions [T] int64 -> final hidden states [T, hidden_size]"""
         hidden = self.embed_tokens(input_ids)  # [T, hidden_size]
         cos, sin = self.rotary_emb(positions, hidden.dtype)  # [T, head_dim] each
@@ -92,8 +110,9 @@ class LlamaForCausalLM(nn.Module):
     `weight_loader.load_weights` (or use `weight_loader.load_model`).
     """
 
-    def __init__(self, arch: ModelArchConfig, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+    def __init__(
+        self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
         super().__init__()
         device = torch.device(device)
         self.arch = arch
@@ -103,15 +122,17 @@ class LlamaForCausalLM(nn.Module):
         if not arch.tie_word_embeddings:
             self.lm_head = nn.Parameter(
                 torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device),
-                requires_grad=False)  # [vocab_size, hidden_size]
+                requires_grad=False,
+            )  # [vocab_size, hidden_size]
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
         """[vocab_size, hidden_size]; the embedding matrix when the checkpoint ties them."""
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
         """input_ids, positions [T] int64 -> hidden states [T, hidden_size].
 
         Writes this step's K/V into `ctx.kv_caches` at `ctx.attn.slot_mapping`.

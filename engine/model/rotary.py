@@ -21,7 +21,7 @@ def compute_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, flo
     """Inverse frequencies [head_dim // 2] float32 and the cos/sin scale ("attention factor")."""
     dim = head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
-    inv_freq = 1.0 / (rope.rope_theta ** exponents)  # [dim // 2]
+    inv_freq = 1.0 / (rope.rope_theta**exponents)  # [dim // 2]
     if rope.rope_type in ("default", "dynamic"):
         return inv_freq, 1.0
     if rope.rope_type == "linear":
@@ -41,8 +41,9 @@ def _llama3_inv_freq(rope: RopeConfig, inv_freq: torch.Tensor) -> torch.Tensor:
     high_freq_wavelen = old_context_len / rope.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
-    smooth = ((old_context_len / wavelen - rope.low_freq_factor)
-              / (rope.high_freq_factor - rope.low_freq_factor))
+    smooth = (old_context_len / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
@@ -59,8 +60,9 @@ def _yarn_inv_freq(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
     attention_factor = rope.attention_factor
     if attention_factor is None:
         if rope.mscale and rope.mscale_all_dim:
-            attention_factor = (_yarn_mscale(factor, rope.mscale)
-                                / _yarn_mscale(factor, rope.mscale_all_dim))
+            attention_factor = _yarn_mscale(factor, rope.mscale) / _yarn_mscale(
+                factor, rope.mscale_all_dim
+            )
         else:
             attention_factor = _yarn_mscale(factor)
 
@@ -76,8 +78,9 @@ def _yarn_inv_freq(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
     pos_freqs = base ** (torch.arange(0, dim, 2).to(torch.float32) / dim)
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
     extrapolation_factor = 1 - ramp
-    inv_freq = ((1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor)
-                + (1.0 / pos_freqs) * extrapolation_factor)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (
+        1.0 / pos_freqs
+    ) * extrapolation_factor
     return inv_freq, float(attention_factor)
 
 
@@ -90,12 +93,12 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> (cos, sin), each [T, head_dim] in `dtype`."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, head_dim // 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, head_dim]
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling
         return cos.to(dtype), sin.to(dtype)
-

@@ -34,7 +34,7 @@ _MAX_NAMES_IN_ERROR = 8
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto" -> cuda when available, else cpu."""
+    """ "auto" -> cuda when available, else cpu."""
     if isinstance(device, torch.device):
         return device
     if device == "auto":
@@ -42,9 +42,10 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype, arch: ModelArchConfig,
-                  device: torch.device) -> torch.dtype:
-    """"auto" -> the checkpoint's dtype on CUDA (float32 if it names none), float32 on CPU."""
+def resolve_dtype(
+    dtype: str | torch.dtype, arch: ModelArchConfig, device: torch.device
+) -> torch.dtype:
+    """ "auto" -> the checkpoint's dtype on CUDA (float32 if it names none), float32 on CPU."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
@@ -78,7 +79,9 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
 
 def checkpoint_targets(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """Checkpoint tensor name -> the parameter (or row range of a fused one) it fills."""
-    targets: dict[str, torch.Tensor] = {"model.embed_tokens.weight": model.model.embed_tokens.weight}
+    targets: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": model.model.embed_tokens.weight
+    }
     if model.lm_head is not None:
         targets["lm_head.weight"] = model.lm_head
     for name, module in model.named_modules():
@@ -88,9 +91,9 @@ def checkpoint_targets(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
             parent = name.rsplit(".", 1)[0]
             for slice_name in module.slice_names:
                 start, size = module.slice_range(slice_name)
-                targets[f"{parent}.{slice_name}.weight"] = module.weight[start:start + size]
+                targets[f"{parent}.{slice_name}.weight"] = module.weight[start : start + size]
                 if module.bias is not None:
-                    targets[f"{parent}.{slice_name}.bias"] = module.bias[start:start + size]
+                    targets[f"{parent}.{slice_name}.bias"] = module.bias[start : start + size]
     return targets
 
 
@@ -105,8 +108,9 @@ def _short_list(names: list[str]) -> str:
     return shown + (f" (and {more} more)" if more > 0 else "")
 
 
-def _check_checkpoint(files: list[Path], targets: dict[str, torch.Tensor],
-                      arch: ModelArchConfig) -> None:
+def _check_checkpoint(
+    files: list[Path], targets: dict[str, torch.Tensor], arch: ModelArchConfig
+) -> None:
     seen: set[str] = set()
     unexpected: list[str] = []
     for path in files:
@@ -120,8 +124,10 @@ def _check_checkpoint(files: list[Path], targets: dict[str, torch.Tensor],
                     continue
                 shape = tuple(f.get_slice(name).get_shape())
                 if shape != tuple(target.shape):
-                    raise ModelLoadError(f"{path.name}: tensor {name!r} has shape {list(shape)}, "
-                                         f"the config implies {list(target.shape)}")
+                    raise ModelLoadError(
+                        f"{path.name}: tensor {name!r} has shape {list(shape)}, "
+                        f"the config implies {list(target.shape)}"
+                    )
                 seen.add(name)
     if unexpected:
         raise ModelLoadError(f"checkpoint has unexpected tensors: {_short_list(unexpected)}")
@@ -143,8 +149,9 @@ def load_weights(model: LlamaForCausalLM, model_dir: str | Path) -> None:
                     targets[name].copy_(f.get_tensor(name))
 
 
-def load_model(model_dir: str | Path, dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "auto") -> tuple[LlamaForCausalLM, ModelArchConfig]:
+def load_model(
+    model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto"
+) -> tuple[LlamaForCausalLM, ModelArchConfig]:
     """Build the model for a checkpoint directory and load its weights; eval mode."""
     root = validate_model_dir(model_dir)
     arch = ModelArchConfig.from_model_dir(root)

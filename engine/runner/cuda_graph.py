@@ -28,9 +28,15 @@ CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 32
 
 
 class CUDAGraphRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 max_num_seqs: int, max_blocks_per_seq: int, lora_slots: LoRASlots | None,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        lora_slots: LoRASlots | None,
+        device: torch.device,
+    ) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.lora_slots = lora_slots
@@ -53,22 +59,29 @@ class CUDAGraphRunner:
 
     def _context(self, size: int, with_lora: bool) -> ForwardContext:
         attn = AttentionMetadata(
-            slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:size],
-            seq_lens=self.seq_lens[:size], query_start_loc=self.query_start_loc[:size + 1],
-            max_query_len=1, max_seq_len=self.block_tables.shape[1],
+            slot_mapping=self.slot_mapping[:size],
+            block_tables=self.block_tables[:size],
+            seq_lens=self.seq_lens[:size],
+            query_start_loc=self.query_start_loc[: size + 1],
+            max_query_len=1,
+            max_seq_len=self.block_tables.shape[1],
         )
         lora = None
         if with_lora:
             assert self.lora_slots is not None
-            lora = LoRABatch(self.lora_slots, self.sorted_token_ids[:size], self.slot_start_loc,
-                             modules=set(self.lora_slots.module_shapes))
+            lora = LoRABatch(
+                self.lora_slots,
+                self.sorted_token_ids[:size],
+                self.slot_start_loc,
+                modules=set(self.lora_slots.module_shapes),
+            )
         return ForwardContext(attn, self.kv_caches, lora)
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every size, largest first so smaller graphs reuse its memory pool."""
         pool = None
-        for with_lora in ([False, True] if self.lora_slots is not None else [False]):
+        for with_lora in [False, True] if self.lora_slots is not None else [False]:
             for size in reversed(self.sizes):
                 ctx = self._context(size, with_lora)
                 args = (self.input_ids[:size], self.positions[:size], ctx)
@@ -80,8 +93,9 @@ class CUDAGraphRunner:
                     out = self.model(*args)
                 pool = graph.pool()
                 self._graphs[(size, with_lora)] = (graph, out)
-        logger.info("captured %d CUDA graphs for decode batch sizes %s", len(self._graphs),
-                    self.sizes)
+        logger.info(
+            "captured %d CUDA graphs for decode batch sizes %s", len(self._graphs), self.sizes
+        )
 
     def can_run(self, inputs: ModelInputs) -> bool:
         num_seqs = inputs.attn.seq_lens.shape[0]

@@ -22,8 +22,9 @@ class ModelInputs:
     token_lora_hashes: list[str | None]
 
 
-def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
-                   device: torch.device) -> ModelInputs:
+def prepare_inputs(
+    scheduled: list[ScheduledRequest], block_size: int, device: torch.device
+) -> ModelInputs:
     """Pack the step's tokens flat, with positions, cache slots and block tables.
 
     Built as Python lists and copied to the device once per tensor.
@@ -46,8 +47,9 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
         input_ids.extend(tokens)
         positions.extend(range(start, end))
         block_ids = item.block_ids
-        slot_mapping.extend(block_ids[p // block_size] * block_size + p % block_size
-                            for p in range(start, end))
+        slot_mapping.extend(
+            block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)
+        )
         seq_lens.append(end)
         query_start_loc.append(len(input_ids))
         block_table_rows.append(block_ids + [0] * (max_blocks - len(block_ids)))
@@ -63,8 +65,9 @@ def prepare_inputs(scheduled: list[ScheduledRequest], block_size: int,
     attn = AttentionMetadata(
         slot_mapping=to_device(slot_mapping, torch.int64),
         # One tensor for all rows: a torch.tensor per row cost ~10 us each, every step.
-        block_tables=torch.tensor(block_table_rows, dtype=torch.int32).to(device,
-                                                                          non_blocking=True),
+        block_tables=torch.tensor(block_table_rows, dtype=torch.int32).to(
+            device, non_blocking=True
+        ),
         seq_lens=to_device(seq_lens, torch.int32),
         query_start_loc=to_device(query_start_loc, torch.int32),
         max_query_len=max(s.num_new_tokens for s in scheduled),

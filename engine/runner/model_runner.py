@@ -41,11 +41,11 @@ class ModelRunner:
         self.device = resolve_device(config.model.device)
         torch.manual_seed(config.model.seed)
         if config.model.load_format == "dummy":
-            self.model, self.arch = create_dummy_model(config.model.model, config.model.dtype,
-                                                       self.device)
+            self.model, self.arch = create_dummy_model(
+                config.model.model, config.model.dtype, self.device
+            )
         else:
-            self.model, self.arch = load_model(config.model.model, config.model.dtype,
-                                               self.device)
+            self.model, self.arch = load_model(config.model.model, config.model.dtype, self.device)
         self.dtype = next(self.model.parameters()).dtype
         self.block_size = config.cache.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -61,8 +61,13 @@ class ModelRunner:
         if self.device.type != "cuda" or self.config.model.enforce_eager:
             return
         self.cuda_graphs = CUDAGraphRunner(
-            self.model, self.kv_caches, self.config.scheduler.max_num_seqs,
-            -(-max_model_len // self.block_size), lora_slots, self.device)
+            self.model,
+            self.kv_caches,
+            self.config.scheduler.max_num_seqs,
+            -(-max_model_len // self.block_size),
+            lora_slots,
+            self.device,
+        )
         self.cuda_graphs.capture()
 
     # ---- KV cache --------------------------------------------------------------------------
@@ -108,9 +113,12 @@ class ModelRunner:
             max_seq_len=num_tokens,
         )
         with torch.inference_mode():
-            hidden = self.model(torch.zeros(num_tokens, dtype=torch.int64, device=self.device),
-                                slots, ForwardContext(attn, self.kv_caches))
-            self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs:])
+            hidden = self.model(
+                torch.zeros(num_tokens, dtype=torch.int64, device=self.device),
+                slots,
+                ForwardContext(attn, self.kv_caches),
+            )
+            self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :])
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated(self.device) - self._kv_cache_bytes()
         self.kv_caches = []
@@ -125,23 +133,34 @@ class ModelRunner:
         """Allocate per-layer K and V: [num_blocks, block_size, num_kv_heads, head_dim]."""
         shape = (num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
         self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
             for _ in range(self.arch.num_hidden_layers)
         ]
-        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, self.block_size,
-                    self._kv_cache_bytes() / GiB)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.2f GiB)",
+            num_blocks,
+            self.block_size,
+            self._kv_cache_bytes() / GiB,
+        )
 
     def initialize_swap_space(self, num_cpu_blocks: int) -> None:
         """CPU copies of the KV layout for swapped-out requests (pinned when on CUDA)."""
-        shape = (num_cpu_blocks, self.block_size, self.arch.num_key_value_heads,
-                 self.arch.head_dim)
+        shape = (num_cpu_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
         pin = self.device.type == "cuda"
-        self.cpu_kv_caches = [
-            (torch.empty(shape, dtype=self.dtype, pin_memory=pin),
-             torch.empty(shape, dtype=self.dtype, pin_memory=pin))
-            for _ in range(self.arch.num_hidden_layers)
-        ] if num_cpu_blocks > 0 else []
+        self.cpu_kv_caches = (
+            [
+                (
+                    torch.empty(shape, dtype=self.dtype, pin_memory=pin),
+                    torch.empty(shape, dtype=self.dtype, pin_memory=pin),
+                )
+                for _ in range(self.arch.num_hidden_layers)
+            ]
+            if num_cpu_blocks > 0
+            else []
+        )
 
     def num_swap_blocks(self, max_useful_blocks: int) -> int:
         bytes_total = int(self.config.cache.swap_space_gb * GiB)
@@ -202,8 +221,9 @@ class ModelRunner:
         output = ModelRunnerOutput()
         for row, request in enumerate(requests):
             output.sampled_token_ids[request.request_id] = sampled.sampled_token_ids[row]
-            if sampled.logprobs is not None and request.sampling_params.logprobs is not None:
-                output.logprobs[request.request_id] = sampled.logprobs[row]
+            row_logprobs = sampled.logprobs[row] if sampled.logprobs is not None else None
+            if row_logprobs is not None and request.sampling_params.logprobs is not None:
+                output.logprobs[request.request_id] = row_logprobs
         return output
 
     def _generator_for(self, request_id: str, seed: int | None) -> torch.Generator | None:
@@ -226,7 +246,8 @@ def _min_tokens_stops(requests: list[Request]) -> list[list[int]] | None:
         return None
     return [
         ([] if r.sampling_params.ignore_eos else sorted(r.eos_token_ids))
-        + list(r.sampling_params.stop_token_ids or [])
-        if r.num_output_tokens < r.sampling_params.min_tokens else []
+        + r.sampling_params.stop_token_ids
+        if r.num_output_tokens < r.sampling_params.min_tokens
+        else []
         for r in requests
     ]

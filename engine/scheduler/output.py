@@ -42,8 +42,12 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.scheduled or self.blocks_to_swap_out or self.blocks_to_swap_in
-                    or self.blocks_to_copy)
+        return not (
+            self.scheduled
+            or self.blocks_to_swap_out
+            or self.blocks_to_swap_in
+            or self.blocks_to_copy
+        )
 
 
 @dataclass

@@ -44,8 +44,7 @@ class WaitingQueue:
         if share is None:
             self._requests.sort(key=priority_key)
         else:
-            self._requests.sort(
-                key=lambda r: (r.priority, share(r.fairness_key), r.arrival_time))
+            self._requests.sort(key=lambda r: (r.priority, share(r.fairness_key), r.arrival_time))
 
     def __iter__(self) -> Iterator[Request]:
         return iter(list(self._requests))

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loraplex.engine.config import SchedulerConfig
-from loraplex.engine.kv_cache import KVCacheManager
+from loraplex.engine.kv_cache import KVCacheBlock, KVCacheManager
 from loraplex.engine.kv_cache.kv_cache_manager import cdiv
 from loraplex.engine.request import (
     InvalidRequestError,
@@ -46,9 +46,14 @@ class _Step:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 max_model_len: int, max_loras: int | None = None,
-                 on_finish: Callable[[Request], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        max_model_len: int,
+        max_loras: int | None = None,
+        on_finish: Callable[[Request], None] | None = None,
+    ) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.max_model_len = max_model_len
@@ -159,8 +164,9 @@ class Scheduler:
         self._finished_request_ids = set()
         return output
 
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           runner_output: ModelRunnerOutput) -> list[Request]:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[Request]:
         """Advance computed tokens, append sampled tokens, finish requests that stop.
 
         Returns the requests that got a new token (finished or not).
@@ -213,13 +219,16 @@ class Scheduler:
             swap_in = kv.swap_in(request)
             assert swap_in is not None
             step.swap_in.extend(swap_in)
-            assert kv.allocate_slots(request, num_new)
+            allocated = kv.allocate_slots(request, num_new)
+            assert allocated, "the free blocks counted above must cover the swap-in"
         else:
-            computed_blocks, num_cached = [], 0
+            computed_blocks: list[KVCacheBlock] = []
+            num_cached = 0
             if request.num_computed_tokens == 0:
                 computed_blocks, num_cached = kv.get_computed_blocks(request)
-            num_new = min(request.num_tokens - request.num_computed_tokens - num_cached,
-                          step.budget)
+            num_new = min(
+                request.num_tokens - request.num_computed_tokens - num_cached, step.budget
+            )
             if not kv.allocate_slots(request, num_new, computed_blocks):
                 return False
             request.num_computed_tokens += num_cached

@@ -9,6 +9,14 @@ from loraplex.kernels.reference.fused_ops import (
 from loraplex.kernels.reference.lora import lora_expand, lora_shrink, lora_shrink_expand
 from loraplex.kernels.reference.paged_attention import paged_attention, reshape_and_cache
 
-__all__ = ["apply_rotary_pos_emb", "fused_add_rms_norm", "lora_expand", "lora_shrink",
-           "lora_shrink_expand", "paged_attention", "reshape_and_cache", "rms_norm",
-           "silu_and_mul"]
+__all__ = [
+    "apply_rotary_pos_emb",
+    "fused_add_rms_norm",
+    "lora_expand",
+    "lora_shrink",
+    "lora_shrink_expand",
+    "paged_attention",
+    "reshape_and_cache",
+    "rms_norm",
+    "silu_and_mul",
+]

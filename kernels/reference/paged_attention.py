@@ -44,44 +44,67 @@ def paged_attention(
     """Causal attention of each sequence's query tokens over its cached K/V."""
     num_seqs = seq_lens.shape[0]
     if query.shape[0] == num_seqs:  # one query token per sequence: decode, batched
-        return _decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale,
-                                 sliding_window)
+        return _decode_attention(
+            query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window
+        )
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     for seq, seq_len in enumerate(seq_lens.tolist()):
         q_start, q_end = starts[seq], starts[seq + 1]
         if q_end == q_start:
             continue
-        k, v = _gather_kv(key_cache, value_cache, block_tables[seq:seq + 1], seq_len)
+        k, v = _gather_kv(key_cache, value_cache, block_tables[seq : seq + 1], seq_len)
         q_pos = torch.arange(seq_len - (q_end - q_start), seq_len, device=query.device)
-        out[q_start:q_end] = _attend(query[q_start:q_end][None], k, v, q_pos[None],
-                                     torch.tensor([seq_len], device=query.device), scale,
-                                     sliding_window)[0]
+        out[q_start:q_end] = _attend(
+            query[q_start:q_end][None],
+            k,
+            v,
+            q_pos[None],
+            torch.tensor([seq_len], device=query.device),
+            scale,
+            sliding_window,
+        )[0]
     return out
 
 
-def _decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                      sliding_window: int | None) -> torch.Tensor:
+def _decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     max_len = int(seq_lens.max())
     k, v = _gather_kv(key_cache, value_cache, block_tables, max_len)  # [S, L, Hkv, D]
     q_pos = (seq_lens.long() - 1)[:, None]  # [S, 1]
     return _attend(query[:, None], k, v, q_pos, seq_lens, scale, sliding_window)[:, 0]
 
 
-def _gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-               length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather_kv(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the first `length` positions of each row's blocks: [S, length, Hkv, D]."""
     block_size = key_cache.shape[1]
     num_blocks = (length + block_size - 1) // block_size
     blocks = block_tables[:, :num_blocks].long()  # [S, num_blocks]
     shape = (blocks.shape[0], num_blocks * block_size, *key_cache.shape[2:])
-    return (key_cache[blocks].reshape(shape)[:, :length],
-            value_cache[blocks].reshape(shape)[:, :length])
+    return (
+        key_cache[blocks].reshape(shape)[:, :length],
+        value_cache[blocks].reshape(shape)[:, :length],
+    )
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-            seq_lens: torch.Tensor, scale: float, sliding_window: int | None) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     """q [S, Q, H, D] at positions q_pos [S, Q]; k, v [S, L, Hkv, D] -> [S, Q, H, D].
 
     Query heads are grouped onto their KV head by a reshape (no K/V copies per group).

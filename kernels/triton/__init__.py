@@ -9,6 +9,14 @@ from loraplex.kernels.triton.rms_norm import fused_add_rms_norm, rms_norm
 from loraplex.kernels.triton.rotary import apply_rotary_pos_emb
 from loraplex.kernels.triton.silu_and_mul import silu_and_mul
 
-__all__ = ["apply_rotary_pos_emb", "fused_add_rms_norm", "lora_expand", "lora_shrink",
-           "lora_shrink_expand", "paged_attention", "reshape_and_cache", "rms_norm",
-           "silu_and_mul"]
+__all__ = [
+    "apply_rotary_pos_emb",
+    "fused_add_rms_norm",
+    "lora_expand",
+    "lora_shrink",
+    "lora_shrink_expand",
+    "paged_attention",
+    "reshape_and_cache",
+    "rms_norm",
+    "silu_and_mul",
+]

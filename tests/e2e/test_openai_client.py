@@ -9,11 +9,11 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import LiveServer
 from sqlalchemy import select
 
 from loraplex.platform.db import UsageRecord
 from loraplex.platform.ratelimit import TenantLimits
+from tests.e2e.live_server import LiveServer
 
 MODEL = "tiny-llama"
 

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import free_port, seed_registry
-from platform_harness import make_settings
 from sqlalchemy import select
 
 from loraplex.platform.db import Database, UsageRecord
+from tests.e2e.live_server import free_port, seed_registry
+from tests.platform.platform_harness import make_settings
 
 
 def test_sigterm_drains_streams_then_exits(

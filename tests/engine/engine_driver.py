@@ -13,8 +13,9 @@ def check_engine(engine: LLMEngine) -> None:
     engine.kv_cache_manager.check_integrity()
 
 
-def run_to_completion(engine: LLMEngine,
-                      on_step: Callable[[int], None] | None = None) -> dict[str, RequestOutput]:
+def run_to_completion(
+    engine: LLMEngine, on_step: Callable[[int], None] | None = None
+) -> dict[str, RequestOutput]:
     finished: dict[str, RequestOutput] = {}
     step = 0
     while engine.has_unfinished_requests():

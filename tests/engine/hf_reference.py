@@ -7,16 +7,25 @@ from pathlib import Path
 import torch
 
 
-def hf_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: int,
-              adapters: list[str | None] | None = None,
-              adapter_dirs: dict[str, Path] | None = None) -> list[list[int]]:
+def hf_greedy(
+    model_dir: Path,
+    prompts: list[list[int]],
+    max_tokens: int,
+    adapters: list[str | None] | None = None,
+    adapter_dirs: dict[str, Path] | None = None,
+) -> list[list[int]]:
     """Greedy token ids per prompt, one prompt at a time (no padding effects), on the CPU."""
     return hf_greedy_on("cpu", model_dir, prompts, max_tokens, adapters, adapter_dirs)
 
 
-def hf_greedy_on(device: str, model_dir: Path, prompts: list[list[int]], max_tokens: int,
-                 adapters: list[str | None] | None = None,
-                 adapter_dirs: dict[str, Path] | None = None) -> list[list[int]]:
+def hf_greedy_on(
+    device: str,
+    model_dir: Path,
+    prompts: list[list[int]],
+    max_tokens: int,
+    adapters: list[str | None] | None = None,
+    adapter_dirs: dict[str, Path] | None = None,
+) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
@@ -35,8 +44,14 @@ def hf_greedy_on(device: str, model_dir: Path, prompts: list[list[int]], max_tok
         if adapters is not None:
             kwargs["adapter_names"] = [adapters[i] or "__base__"]
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                 pad_token_id=0, **kwargs)
-        outputs.append(out[0, len(prompt):].tolist())
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                pad_token_id=0,
+                **kwargs,
+            )
+        outputs.append(out[0, len(prompt) :].tolist())
     return outputs

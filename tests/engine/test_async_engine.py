@@ -65,8 +65,7 @@ async def test_bad_request_raises_before_output_and_engine_lives(checkpoint):
             async for _ in engine.generate({"prompt_token_ids": []}, SamplingParams(), "bad"):
                 pass
         with pytest.raises(InvalidRequestError):
-            async for _ in engine.generate({"prompt_token_ids": [10**9]}, SamplingParams(),
-                                           "bad2"):
+            async for _ in engine.generate({"prompt_token_ids": [10**9]}, SamplingParams(), "bad2"):
                 pass
         outs = [o async for o in engine.generate("ok", SamplingParams(max_tokens=2), "good")]
         assert outs[-1].finished

@@ -9,8 +9,7 @@ from loraplex.engine.scheduler import ModelRunnerOutput, Scheduler
 
 
 def make_scheduler(policy: str) -> Scheduler:
-    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64,
-                             scheduling_policy=policy)
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, scheduling_policy=policy)
     return Scheduler(config, KVCacheManager(256, 4), max_model_len=64)
 
 
@@ -19,12 +18,28 @@ def served_shares(policy: str) -> tuple[int, int]:
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     n = 0
     for i in range(40):  # the noisy tenant floods first...
-        s.add_request(Request(f"noisy{i}", [1, 2, 3, 4], params, fairness_key="noisy",
-                              priority=1, arrival_time=float(n)))
+        s.add_request(
+            Request(
+                f"noisy{i}",
+                [1, 2, 3, 4],
+                params,
+                fairness_key="noisy",
+                priority=1,
+                arrival_time=float(n),
+            )
+        )
         n += 1
     for i in range(4):  # ...then the quiet one sends a tenth as many
-        s.add_request(Request(f"quiet{i}", [1, 2, 3, 4], params, fairness_key="quiet",
-                              priority=1, arrival_time=float(n)))
+        s.add_request(
+            Request(
+                f"quiet{i}",
+                [1, 2, 3, 4],
+                params,
+                fairness_key="quiet",
+                priority=1,
+                arrival_time=float(n),
+            )
+        )
         n += 1
     output_tokens = {"noisy": 0, "quiet": 0}
     while any(r.fairness_key == "quiet" for r in s.requests.values()):

@@ -16,8 +16,7 @@ MAX_TOKENS = 8
 @pytest.fixture(scope="module", params=["llama", "mistral", "qwen2"])
 def checkpoint(request, tmp_path_factory):
     kwargs = {"tie_word_embeddings": True} if request.param == "qwen2" else {}
-    return write_random_checkpoint(tmp_path_factory.mktemp(request.param), request.param,
-                                   **kwargs)
+    return write_random_checkpoint(tmp_path_factory.mktemp(request.param), request.param, **kwargs)
 
 
 def make_prompts(seed: int = 0) -> list[list[int]]:
@@ -41,16 +40,24 @@ def run_engine(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     return [results[str(i)] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("engine_kwargs", [
-    pytest.param({}, id="default"),
-    pytest.param({"max_num_batched_tokens": 7, "block_size": 4}, id="chunked-prefill"),
-    pytest.param({"num_kv_blocks": 14, "block_size": 4, "preemption_mode": "swap"},
-                 id="preemption-swap"),
-    pytest.param({"num_kv_blocks": 14, "block_size": 4, "preemption_mode": "recompute"},
-                 id="preemption-recompute"),
-    pytest.param({"num_kv_blocks": 14, "block_size": 4, "swap_space_gb": 1e-6},
-                 id="preemption-swap-space-short"),
-])
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        pytest.param({}, id="default"),
+        pytest.param({"max_num_batched_tokens": 7, "block_size": 4}, id="chunked-prefill"),
+        pytest.param(
+            {"num_kv_blocks": 14, "block_size": 4, "preemption_mode": "swap"}, id="preemption-swap"
+        ),
+        pytest.param(
+            {"num_kv_blocks": 14, "block_size": 4, "preemption_mode": "recompute"},
+            id="preemption-recompute",
+        ),
+        pytest.param(
+            {"num_kv_blocks": 14, "block_size": 4, "swap_space_gb": 1e-6},
+            id="preemption-swap-space-short",
+        ),
+    ],
+)
 def test_greedy_matches_hf(checkpoint, engine_kwargs):
     prompts = make_prompts()
     expected = hf_greedy(checkpoint, prompts, MAX_TOKENS)
@@ -68,12 +75,21 @@ def test_smollm2_batch_matches_hf_under_chunking_and_preemption(smollm2_checkpoi
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint)
-    texts = ["The capital of France is", "Once upon a time, in a small village by the sea,",
-             "def fibonacci(n):"]
+    texts = [
+        "The capital of France is",
+        "Once upon a time, in a small village by the sea,",
+        "def fibonacci(n):",
+    ]
     prompts = [tokenizer(t).input_ids for t in texts]
     expected = hf_greedy(smollm2_checkpoint, prompts, MAX_TOKENS)
-    llm = LLM(str(smollm2_checkpoint), device="cpu", dtype="float32", block_size=4,
-              num_kv_blocks=8, max_num_batched_tokens=6)
+    llm = LLM(
+        str(smollm2_checkpoint),
+        device="cpu",
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=8,
+        max_num_batched_tokens=6,
+    )
     assert run_engine(llm, prompts) == expected
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.tokenizer.decode(expected[0]).startswith(" Paris")

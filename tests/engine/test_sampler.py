@@ -103,8 +103,14 @@ def penalize(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     assert md.prompt_token_ids is not None and md.output_token_ids is not None
     assert md.presence_penalties is not None and md.frequency_penalties is not None
     assert md.repetition_penalties is not None
-    return apply_penalties(logits, md.prompt_token_ids, md.output_token_ids,
-                           md.presence_penalties, md.frequency_penalties, md.repetition_penalties)
+    return apply_penalties(
+        logits,
+        md.prompt_token_ids,
+        md.output_token_ids,
+        md.presence_penalties,
+        md.frequency_penalties,
+        md.repetition_penalties,
+    )
 
 
 def reference_penalties(

@@ -16,24 +16,38 @@ from loraplex.engine.request import (
 from loraplex.engine.scheduler import ModelRunnerOutput, Scheduler
 
 
-def make_scheduler(num_blocks=16, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
-                   max_model_len=64, policy="fcfs") -> Scheduler:
+def make_scheduler(
+    num_blocks=16,
+    block_size=4,
+    max_num_seqs=8,
+    max_num_batched_tokens=64,
+    max_model_len=64,
+    policy="fcfs",
+) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size)
-    config = SchedulerConfig(max_num_seqs=max_num_seqs,
-                             max_num_batched_tokens=max_num_batched_tokens,
-                             scheduling_policy=policy, preemption_mode="recompute")
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        scheduling_policy=policy,
+        preemption_mode="recompute",
+    )
     return Scheduler(config, kv, max_model_len)
 
 
 def make_request(request_id: str, num_prompt: int, max_tokens: int = 4, **kwargs) -> Request:
-    return Request(request_id, list(range(1, num_prompt + 1)),
-                   SamplingParams(max_tokens=max_tokens, temperature=0.0), **kwargs)
+    return Request(
+        request_id,
+        list(range(1, num_prompt + 1)),
+        SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        **kwargs,
+    )
 
 
 def run_step(scheduler: Scheduler, token: int = 7):
     out = scheduler.schedule()
     runner_out = ModelRunnerOutput(
-        sampled_token_ids={s.request.request_id: token for s in out.scheduled if s.needs_sample})
+        sampled_token_ids={s.request.request_id: token for s in out.scheduled if s.needs_sample}
+    )
     updated = scheduler.update_from_output(out, runner_out)
     scheduler.kv_cache_manager.check_integrity()
     return out, updated
@@ -159,8 +173,7 @@ def test_adapter_cap_per_step_and_bounded_wait():
     from loraplex.engine.scheduler.scheduler import LORA_MAX_SKIP_STEPS
 
     kv = KVCacheManager(256, 4)
-    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256,
-                             scheduling_policy="fcfs")
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, scheduling_policy="fcfs")
     s = Scheduler(config, kv, max_model_len=256, max_loras=2)
 
     def lora(i: int) -> LoRARequest:

@@ -33,10 +33,12 @@ TEXTS = [
 ]
 MESSAGES = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "Be brief."},
-     {"role": "user", "content": "Hi 🙂"},
-     {"role": "assistant", "content": "Hello!"},
-     {"role": "user", "content": "Name a city."}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi 🙂"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Name a city."},
+    ],
 ]
 CHECKPOINTS = ["llama_checkpoint", "qwen2_checkpoint", "smollm2_checkpoint"]
 
@@ -78,7 +80,8 @@ def test_chat_template_matches_autotokenizer(pair: tuple[Tokenizer, object]) -> 
     for messages in MESSAGES:
         for add_generation_prompt in (True, False):
             expected = hf.apply_chat_template(  # type: ignore[attr-defined]
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
             assert ours.apply_chat_template(messages, add_generation_prompt) == expected
 
 
@@ -95,13 +98,17 @@ def test_chat_template_errors(llama_checkpoint: Path, tmp_path: Path) -> None:
     shutil.copytree(llama_checkpoint, path)
     config_path = path / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
-    config["chat_template"] = ("{% if messages[0]['role'] != 'user' %}"
-                               "{{ raise_exception('first message must be from the user') }}"
-                               "{% endif %}{{ messages | tojson }}{{ bos_token }}")
+    config["chat_template"] = (
+        "{% if messages[0]['role'] != 'user' %}"
+        "{{ raise_exception('first message must be from the user') }}"
+        "{% endif %}{{ messages | tojson }}{{ bos_token }}"
+    )
     config_path.write_text(json.dumps(config))
     tokenizer = Tokenizer.from_model_dir(path)
-    assert tokenizer.apply_chat_template([{"role": "user", "content": "é"}]) == \
-        '[{"role": "user", "content": "é"}]<|endoftext|>'
+    assert (
+        tokenizer.apply_chat_template([{"role": "user", "content": "é"}])
+        == '[{"role": "user", "content": "é"}]<|endoftext|>'
+    )
     with pytest.raises(ChatTemplateError, match="first message must be from the user"):
         tokenizer.apply_chat_template([{"role": "assistant", "content": "x"}])
     # The sandbox stops templates from reaching Python internals.
@@ -117,23 +124,29 @@ def test_chat_template_errors(llama_checkpoint: Path, tmp_path: Path) -> None:
         tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
 
 
-def stream(tokenizer: Tokenizer, prompt: list[int], output: list[int], seed: int,
-           skip_special_tokens: bool = True) -> tuple[str, list[str]]:
+def stream(
+    tokenizer: Tokenizer,
+    prompt: list[int],
+    output: list[int],
+    seed: int,
+    skip_special_tokens: bool = True,
+) -> tuple[str, list[str]]:
     """Feed `output` in random-sized chunks; return the detokenizer's text and its deltas."""
     rng = random.Random(seed)
     detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens)
     deltas, i = [], 0
     while i < len(output):
         n = rng.randint(1, 3)
-        deltas.append(detok.append(output[i:i + n]))
+        deltas.append(detok.append(output[i : i + n]))
         i += n
     assert "".join(deltas) == detok.text
     return detok.text, deltas
 
 
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
-def test_incremental_detokenizer_reproduces_full_decode(llama_checkpoint: Path,
-                                                        skip_special_tokens: bool) -> None:
+def test_incremental_detokenizer_reproduces_full_decode(
+    llama_checkpoint: Path, skip_special_tokens: bool
+) -> None:
     tokenizer = Tokenizer.from_model_dir(llama_checkpoint)
     prompt = tokenizer.encode("Tell me a story:")
     flush = tokenizer.encode(" the end", add_special_tokens=False)
@@ -158,8 +171,12 @@ def test_incremental_detokenizer_keeps_context_spaces() -> None:
     backend = HFTokenizer(models.BPE(unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
     backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
-    backend.train_from_iterator(DEMO_CORPUS.splitlines(), trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False))
+    backend.train_from_iterator(
+        DEMO_CORPUS.splitlines(),
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+        ),
+    )
     tokenizer = Tokenizer(backend, {"bos_token": "<s>", "eos_token": "</s>"})
     prompt = tokenizer.encode("The capital of France")
     output = tokenizer.encode(" is Paris, a city on the river.", add_special_tokens=False)

@@ -34,8 +34,9 @@ def assert_matches_hf(model: LlamaForCausalLM, state: dict[str, torch.Tensor]) -
         assert torch.equal(mlp.gate_up_proj.weight, gate_up)
         assert torch.equal(mlp.down_proj.weight, state[f"{p}.mlp.down_proj.weight"])
         assert torch.equal(layer.input_layernorm.weight, state[f"{p}.input_layernorm.weight"])
-        assert torch.equal(layer.post_attention_layernorm.weight,
-                           state[f"{p}.post_attention_layernorm.weight"])
+        assert torch.equal(
+            layer.post_attention_layernorm.weight, state[f"{p}.post_attention_layernorm.weight"]
+        )
     assert torch.equal(model.model.embed_tokens.weight, state["model.embed_tokens.weight"])
     assert torch.equal(model.model.norm.weight, state["model.norm.weight"])
     assert torch.equal(model.lm_head_weight, state["lm_head.weight"])
@@ -48,7 +49,9 @@ def test_single_file_checkpoint(fixture: str, request: pytest.FixtureRequest) ->
     assert arch == ModelArchConfig.from_model_dir(path)
     assert not model.training
     assert model.model.layers[0].self_attn.qkv_proj.slice_names == ("q_proj", "k_proj", "v_proj")
-    assert (model.model.layers[0].self_attn.qkv_proj.bias is not None) == (arch.model_type == "qwen2")
+    assert (model.model.layers[0].self_attn.qkv_proj.bias is not None) == (
+        arch.model_type == "qwen2"
+    )
     assert_matches_hf(model, hf_state(path))
 
 
@@ -67,7 +70,8 @@ def test_sharded_checkpoint(llama_checkpoint: Path, tmp_path: Path) -> None:
 def test_sharded_checkpoint_missing_shard(llama_checkpoint: Path, tmp_path: Path) -> None:
     sharded = tmp_path / "sharded"
     AutoModelForCausalLM.from_pretrained(llama_checkpoint).save_pretrained(
-        sharded, max_shard_size="100KB")
+        sharded, max_shard_size="100KB"
+    )
     shutil.copy(llama_checkpoint / "tokenizer.json", sharded / "tokenizer.json")
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     victim = sorted(set(index["weight_map"].values()))[-1]
@@ -84,8 +88,9 @@ def test_tied_embeddings(tied_llama_checkpoint: Path) -> None:
     assert_matches_hf(model, hf_state(tied_llama_checkpoint))
 
 
-def test_tied_checkpoint_that_still_saves_lm_head(tied_llama_checkpoint: Path,
-                                                  tmp_path: Path) -> None:
+def test_tied_checkpoint_that_still_saves_lm_head(
+    tied_llama_checkpoint: Path, tmp_path: Path
+) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(tied_llama_checkpoint, copy)
     tensors = load_file(copy / "model.safetensors")
@@ -130,8 +135,9 @@ def test_misshaped_tensor(llama_checkpoint: Path, tmp_path: Path) -> None:
 
 def test_dtype_resolution(llama_checkpoint: Path) -> None:
     arch = ModelArchConfig.from_model_dir(llama_checkpoint)
-    bf16_arch = ModelArchConfig.from_dict({**json.loads(
-        (llama_checkpoint / "config.json").read_text()), "dtype": "bfloat16"})
+    bf16_arch = ModelArchConfig.from_dict(
+        {**json.loads((llama_checkpoint / "config.json").read_text()), "dtype": "bfloat16"}
+    )
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_dtype("auto", bf16_arch, cpu) == torch.float32
     assert resolve_dtype("auto", bf16_arch, cuda) == torch.bfloat16

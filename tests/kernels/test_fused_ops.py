@@ -9,13 +9,13 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
-from checkpoints import CheckpointFactory
 
 from loraplex.engine.model import load_model
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
 from loraplex.engine.model.hf_config import RopeConfig
 from loraplex.engine.model.rotary import RotaryEmbedding
 from loraplex.kernels.reference import fused_ops as reference
+from tests.checkpoints import CheckpointFactory
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Reductions and exp differ in the last bits between Triton and PyTorch: about one ulp.
@@ -34,8 +34,9 @@ def fused(triton_kernels: ModuleType) -> SimpleNamespace:
     """The Triton fused-op modules (the `triton_kernels` fixture checks Triton can run)."""
     # By module path: the package re-exports functions of the same names as these modules.
     names = ("rms_norm", "rotary", "silu_and_mul")
-    return SimpleNamespace(**{n: importlib.import_module(f"loraplex.kernels.triton.{n}")
-                              for n in names})
+    return SimpleNamespace(
+        **{n: importlib.import_module(f"loraplex.kernels.triton.{n}") for n in names}
+    )
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:

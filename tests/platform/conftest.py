@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from platform_harness import (
+
+from tests.platform.platform_harness import (
     Platform,
     make_settings,
     postgres_database,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from platform_harness import Platform
+
+from tests.platform.platform_harness import Platform
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

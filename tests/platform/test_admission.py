@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from platform_harness import Platform
+
+from tests.platform.platform_harness import Platform
 
 PROMPT = "The quick brown fox"
 

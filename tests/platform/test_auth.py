@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jwt
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi.routing import APIRoute
-from platform_harness import Platform
 from sqlalchemy import select, text
 
 from loraplex.platform.api.deps import get_admin, get_current_tenant
@@ -29,39 +22,13 @@ from loraplex.platform.api.routes import (
     usage,
 )
 from loraplex.platform.db import ApiKey
+from tests.platform.auth_helpers import assert_error, bearer, claims, forge, rsa_pem
+from tests.platform.platform_harness import Platform
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-def bearer(credential: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {credential}"}
-
-
-def assert_error(r: Any, status: int, code: str | None = None) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert r.headers["x-request-id"]
-    if code is not None:
-        assert error["code"] == code
-    return dict(error)
-
-
-def claims(**overrides: Any) -> dict[str, Any]:
-    now = int(time.time())
-    base = {
-        "iss": "loraplex",
-        "aud": "loraplex",
-        "sub": "admin:tests",
-        "scope": "admin",
-        "iat": now,
-        "exp": now + 300,
-    }
-    base.update(overrides)
-    return {k: v for k, v in base.items() if v is not None}
 
 
 async def test_keys_and_missing_or_malformed_credentials(server: Platform) -> None:
@@ -206,38 +173,15 @@ async def test_bad_tokens_with_the_right_secret(server: Platform) -> None:
     assert (await server.client.get("/admin/v1/tenants", headers=bearer(good))).status_code == 200
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _forge(header: dict[str, Any], payload: dict[str, Any], key: bytes | None) -> str:
-    signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(payload).encode())}"
-    signature = (
-        b"" if key is None else hmac.new(key, signing_input.encode(), hashlib.sha256).digest()
-    )
-    return f"{signing_input}.{_b64(signature)}"
-
-
-def _rsa_pem() -> tuple[bytes, bytes]:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    public = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return private, public
-
-
 async def test_forged_tokens_on_an_hs256_server(server: Platform) -> None:
     c = server.client
     payload = claims()
     for alg in ("none", "None", "NONE"):
-        forged = _forge({"alg": alg, "typ": "JWT"}, payload, None)
+        forged = forge({"alg": alg, "typ": "JWT"}, payload, None)
         assert_error(await c.get("/admin/v1/tenants", headers=bearer(forged)), 401)
     wrong_secret = jwt.encode(payload, "not-the-secret-" + "x" * 32, algorithm="HS256")
     assert_error(await c.get("/admin/v1/tenants", headers=bearer(wrong_secret)), 401)
-    private, _ = _rsa_pem()
+    private, _ = rsa_pem()
     rs = jwt.encode(payload, private, algorithm="RS256")
     assert_error(await c.get("/admin/v1/tenants", headers=bearer(rs)), 401)
     hs512 = jwt.encode(payload, server.settings.hs256_secret(), algorithm="HS512")

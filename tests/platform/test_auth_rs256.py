@@ -6,13 +6,14 @@ from pathlib import Path
 
 import jwt
 import pytest
-from platform_harness import Platform
-from test_auth import _forge, _rsa_pem, assert_error, bearer, claims
+
+from tests.platform.auth_helpers import assert_error, bearer, claims, forge, rsa_pem
+from tests.platform.platform_harness import Platform
 
 
 @pytest.fixture
 def rsa_keys(tmp_path: Path) -> tuple[Path, Path]:
-    private, public = _rsa_pem()
+    private, public = rsa_pem()
     (tmp_path / "jwt.pem").write_bytes(private)
     (tmp_path / "jwt.pub").write_bytes(public)
     return tmp_path / "jwt.pem", tmp_path / "jwt.pub"
@@ -35,9 +36,9 @@ async def test_rs256_server_rejects_hs_rs_confusion(
     assert (await c.get("/admin/v1/tenants", headers=server.admin)).status_code == 200
     public_pem = rsa_keys[1].read_bytes()
     # The classic confusion attack: HS256 "signed" with the public key as the HMAC secret.
-    forged = _forge({"alg": "HS256", "typ": "JWT"}, claims(), public_pem)
+    forged = forge({"alg": "HS256", "typ": "JWT"}, claims(), public_pem)
     assert_error(await c.get("/admin/v1/tenants", headers=bearer(forged)), 401)
-    other_private, _ = _rsa_pem()
+    other_private, _ = rsa_pem()
     assert_error(
         await c.get(
             "/admin/v1/tenants", headers=bearer(jwt.encode(claims(), other_private, "RS256"))

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 import pytest
-from platform_harness import MAX_MODEL_LEN, Platform
+
+from tests.platform.platform_harness import MAX_MODEL_LEN, Platform
 
 MODEL = "tiny-llama"
 P = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}

@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
-from platform_harness import POSTGRES_URL, Platform, _libpq_url
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from loraplex.platform.db import UsageRecord
+from tests.platform.platform_harness import POSTGRES_URL, Platform, _libpq_url
 
 
 @pytest.fixture

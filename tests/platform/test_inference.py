@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from platform_harness import Platform
 from sqlalchemy import select
 
 from loraplex.platform.auth import TenantContext
 from loraplex.platform.db import TenantTier, UsageRecord
 from loraplex.platform.services.planning import resolve_priority
+from tests.platform.platform_harness import Platform
 
 PROMPT = "The quick brown fox"
 
@@ -165,8 +165,7 @@ async def test_chat_completions(server: Platform) -> None:
     streamed_usage = dict(chunks[-2]["usage"])
     # The same prompt again: its full blocks now come from the prefix cache.
     assert streamed_usage.pop("prompt_tokens_details")["cached_tokens"] > 0
-    assert streamed_usage == {k: v for k, v in out["usage"].items()
-                              if k != "prompt_tokens_details"}
+    assert streamed_usage == {k: v for k, v in out["usage"].items() if k != "prompt_tokens_details"}
 
     r = await c.post(
         "/v1/chat/completions",

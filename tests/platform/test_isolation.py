@@ -7,7 +7,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from platform_harness import Platform
+
+from tests.platform.platform_harness import Platform
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from platform_harness import make_settings
 from sqlalchemy import inspect
 
 from loraplex.platform.app import create_app
 from loraplex.platform.db import Base, DatabaseNotMigratedError, create_db_engine, upgrade
 from loraplex.platform.db.migrate import current_revision, downgrade, head_revision
+from tests.platform.platform_harness import make_settings
 
 TABLES = {"tenants", "api_keys", "adapters", "adapter_grants", "usage_records"}
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from platform_harness import make_settings, require_redis, running_platform
+
+from tests.platform.platform_harness import make_settings, require_redis, running_platform
 
 
 @pytest.fixture
