@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import gc
 import io
 import json
@@ -314,7 +315,7 @@ def main() -> None:
             f"({breakdown['decode_step_ms']:.2f} ms each)",
             flush=True,
         )
-    results["engine_stats"] = llm.engine.get_stats()
+    results["engine_stats"] = dataclasses.asdict(llm.engine.get_stats())
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -73,7 +73,7 @@ async def run(engine: AsyncEngine, args: argparse.Namespace, vocab: int) -> dict
         "ttft_max_s": ttfts[-1],
         "output_tok_s": num_tokens / elapsed,
         "seconds": elapsed,
-        "preemptions": engine.get_stats()["num_preemptions"],
+        "preemptions": engine.get_stats().num_preemptions,
     }
 
 

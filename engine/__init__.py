@@ -11,9 +11,9 @@ from typing import Any
 
 _EXPORTS = {
     "AsyncEngine": "async_engine",
-    "EngineDeadError": "async_engine",
+    "EngineDeadError": "errors",
     "CacheConfig": "config",
-    "ConfigError": "config",
+    "ConfigError": "errors",
     "EngineConfig": "config",
     "LoRAConfig": "config",
     "ModelConfig": "config",
@@ -21,10 +21,11 @@ _EXPORTS = {
     "LLM": "llm",
     "LLMEngine": "llm_engine",
     "CompletionOutput": "request",
-    "InvalidRequestError": "request",
+    "InvalidAdapterError": "errors",
+    "InvalidParameterError": "errors",
     "LoRARequest": "request",
     "RequestOutput": "request",
-    "RequestTooLongError": "request",
+    "RequestTooLongError": "errors",
     "SamplingParams": "request",
 }
 

@@ -18,18 +18,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loraplex.engine.errors import EngineDeadError
 from loraplex.engine.llm_engine import LLMEngine, PromptType
-from loraplex.engine.lora.adapter import LoRAAdapter, load_lora_adapter
 from loraplex.engine.request import LoRARequest, RequestOutput, SamplingParams
+from loraplex.engine.stats import AdapterLoad, EngineStats
 from loraplex.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.05
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped; no request can be served."""
 
 
 @dataclass
@@ -49,7 +46,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._stats: dict[str, Any] = engine.get_stats()
+        self._stats: EngineStats = engine.get_stats()
 
     @classmethod
     def from_engine_args(cls, model: str, **kwargs: Any) -> AsyncEngine:
@@ -152,20 +149,17 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> None:
         self._submit(lambda: self._abort(request_id))
 
-    def get_stats(self) -> dict[str, Any]:
+    def get_stats(self) -> EngineStats:
         """The latest snapshot published by the engine thread (never blocks)."""
-        return dict(self._stats)
+        return self._stats
+
+    def observe_adapter_loads(self, callback: Callable[[AdapterLoad], None]) -> None:
+        """Call `callback` after every adapter load (from the engine thread: keep it cheap and
+        thread-safe, e.g. a Prometheus observation)."""
+        if self.engine.lora_manager is not None:
+            self.engine.lora_manager.on_adapter_load = callback
 
     # ---- adapters ----------------------------------------------------------------------
-
-    def validate_lora(self, path: str) -> LoRAAdapter:
-        """Load and check a PEFT adapter against this base model (raises InvalidAdapterError).
-
-        Reads files: call it off the event loop.
-        """
-        return load_lora_adapter(
-            path, self.engine.runner.arch, self.engine.config.lora.max_lora_rank
-        )
 
     async def add_lora(self, lora_request: LoRARequest) -> None:
         """Load an adapter now, in the engine thread (else it loads on first use)."""

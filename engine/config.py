@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from loraplex.engine.errors import ConfigError
+
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _DEVICES = ("auto", "cpu", "cuda")
-
-
-class ConfigError(ValueError):
-    """An engine option is out of range or inconsistent."""
 
 
 def _require(ok: bool, message: str) -> None:

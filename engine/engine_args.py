@@ -7,12 +7,12 @@ from typing import Any
 
 from loraplex.engine.config import (
     CacheConfig,
-    ConfigError,
     EngineConfig,
     LoRAConfig,
     ModelConfig,
     SchedulerConfig,
 )
+from loraplex.engine.errors import ConfigError
 
 _SECTIONS: dict[str, type] = {
     "model": ModelConfig,

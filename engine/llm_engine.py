@@ -10,12 +10,11 @@ from typing import Any
 
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.engine_args import create_engine_config
+from loraplex.engine.errors import InvalidParameterError
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.kv_cache.kv_cache_manager import cdiv
-from loraplex.engine.lora.lora_manager import LoRAManager
 from loraplex.engine.output_processor import OutputProcessor
 from loraplex.engine.request import (
-    InvalidRequestError,
     LoRARequest,
     Request,
     RequestOutput,
@@ -24,6 +23,7 @@ from loraplex.engine.request import (
 )
 from loraplex.engine.runner.model_runner import ModelRunner
 from loraplex.engine.scheduler import Scheduler
+from loraplex.engine.stats import EngineStats, LoRAStats
 from loraplex.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -49,15 +49,8 @@ class LLMEngine:
         self.kv_cache_manager = KVCacheManager(
             num_blocks, block_size, config.cache.enable_prefix_caching, num_cpu_blocks
         )
-        self.lora_manager: LoRAManager | None = None
-        if config.lora.enable_lora:
-            self.lora_manager = LoRAManager(
-                config.lora, arch, self.runner.dtype, self.runner.device
-            )
-            self.runner.lora = self.lora_manager
-        self.runner.capture_cuda_graphs(
-            self.max_model_len, self.lora_manager.slots if self.lora_manager else None
-        )
+        self.lora_manager = self.runner.lora_manager
+        self.runner.capture_cuda_graphs(self.max_model_len)
         self.scheduler = Scheduler(
             config.scheduler,
             self.kv_cache_manager,
@@ -94,17 +87,19 @@ class LLMEngine:
         cache_salt: str | None = None,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue one user request (n completions). Raises InvalidRequestError if it can't run."""
+        """Queue one user request (n completions). Raises InvalidParameterError if it can't run."""
         if self.output_processor.has(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_text, prompt_token_ids = self.tokenize_prompt(prompt)
         vocab_size = self.runner.arch.vocab_size
         if any(not 0 <= t < vocab_size for t in prompt_token_ids):
-            raise InvalidRequestError("prompt", f"token ids must be in [0, {vocab_size})")
+            raise InvalidParameterError(f"token ids must be in [0, {vocab_size})", param="prompt")
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
         if lora_request is not None:
             if self.lora_manager is None:
-                raise InvalidRequestError("lora_request", "LoRA is not enabled on this engine")
+                raise InvalidParameterError(
+                    "LoRA is not enabled on this engine", param="lora_request"
+                )
             lora_request = self.lora_manager.resolve(lora_request)
         children = [
             Request(
@@ -155,7 +150,7 @@ class LLMEngine:
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Validate and load an adapter now (else it loads on first use)."""
         if self.lora_manager is None:
-            raise InvalidRequestError("lora_request", "LoRA is not enabled on this engine")
+            raise InvalidParameterError("LoRA is not enabled on this engine", param="lora_request")
         self.lora_manager.add_lora(lora_request)
         return True
 
@@ -188,39 +183,31 @@ class LLMEngine:
         self.num_steps += 1
         return outputs
 
-    def get_stats(self) -> dict[str, Any]:
-        """Counters and gauges for the platform (names follow platform/metrics.py)."""
+    def get_stats(self) -> EngineStats:
+        """A snapshot of the engine's counters and gauges (see engine/stats.py)."""
         scheduler, kv = self.scheduler, self.kv_cache_manager
-        used = kv.num_blocks - kv.num_free_blocks
-        queried = kv.num_prefix_queried_tokens
-        lora = self.lora_manager.get_stats() if self.lora_manager else {}
-        return {
-            "num_running": len(scheduler.running),
-            "num_waiting": len(scheduler.waiting),
-            "num_swapped": scheduler.num_swapped,
-            "num_waiting_tokens": scheduler.num_waiting_tokens,
-            "kv_blocks_total": kv.num_blocks,
-            "kv_blocks_used": used,
-            "kv_blocks_cached": kv.block_pool.num_cached_blocks,
-            "kv_usage": used / kv.num_blocks,
-            "num_preemptions": scheduler.num_preemptions,
-            "num_preemptions_by_mode": dict(scheduler.num_preemptions_by_mode),
-            "swap_bytes_out": kv.swap_space.num_swapped_out_blocks * self.runner.kv_bytes_per_block,
-            "swap_bytes_in": kv.swap_space.num_swapped_in_blocks * self.runner.kv_bytes_per_block,
-            "kv_cpu_blocks_total": kv.swap_space.num_cpu_blocks,
-            "kv_cpu_blocks_used": kv.swap_space.num_cpu_blocks - kv.swap_space.num_free_blocks,
-            "prefix_cache_queried_tokens": queried,
-            "prefix_cache_hit_tokens": kv.num_prefix_hit_tokens,
-            "prefix_cache_hit_rate": kv.num_prefix_hit_tokens / queried if queried else 0.0,
-            "num_generated_tokens": self.num_generated_tokens,
-            "num_steps": self.num_steps,
-            "throughput_tokens_per_s": self._throughput.rate(),
-            "loaded_adapters_gpu": lora.get("loras_gpu", 0),
-            "loaded_adapters_cpu": lora.get("loras_cpu", 0),
-            "num_adapter_loads": lora.get("lora_gpu_loads", 0),
-            "num_adapter_evictions": lora.get("lora_gpu_evictions", 0),
-            **lora,
-        }
+        swap, block_bytes = kv.swap_space, self.runner.kv_bytes_per_block
+        return EngineStats(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_swapped=scheduler.num_swapped,
+            num_waiting_tokens=scheduler.num_waiting_tokens,
+            kv_blocks_total=kv.num_blocks,
+            kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
+            kv_blocks_cached=kv.block_pool.num_cached_blocks,
+            kv_cpu_blocks_total=swap.num_cpu_blocks,
+            kv_cpu_blocks_used=swap.num_cpu_blocks - swap.num_free_blocks,
+            num_preemptions_swap=scheduler.num_swap_preemptions,
+            num_preemptions_recompute=scheduler.num_recompute_preemptions,
+            swap_bytes_out=swap.num_swapped_out_blocks * block_bytes,
+            swap_bytes_in=swap.num_swapped_in_blocks * block_bytes,
+            prefix_cache_queried_tokens=kv.num_prefix_queried_tokens,
+            prefix_cache_hit_tokens=kv.num_prefix_hit_tokens,
+            num_generated_tokens=self.num_generated_tokens,
+            num_steps=self.num_steps,
+            throughput_tokens_per_s=self._throughput.rate(),
+            lora=self.lora_manager.get_stats() if self.lora_manager else LoRAStats(),
+        )
 
 
 class _RateMeter:

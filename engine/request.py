@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraplex.engine.errors import InvalidParameterError
+
 MAX_N = 16
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
@@ -15,21 +17,9 @@ MAX_STOP_STRING_LEN = 256
 MAX_STOP_TOKEN_IDS = 64
 
 
-class InvalidRequestError(ValueError):
-    """A request parameter a client chose is invalid; `field` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
-class RequestTooLongError(InvalidRequestError):
-    """The prompt (plus max_tokens) can never fit the model context or the KV pool."""
-
-
-def _check(ok: bool, field_name: str, message: str) -> None:
+def _check(ok: bool, param: str, message: str) -> None:
     if not ok:
-        raise InvalidRequestError(field_name, message)
+        raise InvalidParameterError(message, param=param)
 
 
 def _is_number(x: Any) -> bool:
@@ -125,10 +115,6 @@ class SamplingParams:
         )
 
     @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
     def needs_penalties(self) -> bool:
         return (
             self.presence_penalty != 0.0
@@ -150,7 +136,7 @@ class LoRARequest:
 
     def __post_init__(self) -> None:
         if self.lora_int_id <= 0:
-            raise InvalidRequestError("lora_int_id", "must be > 0")
+            raise InvalidParameterError("must be > 0", param="lora_int_id")
 
 
 class RequestStatus(enum.Enum):
@@ -225,10 +211,6 @@ class Request:
     @property
     def lora_int_id(self) -> int:
         return self.lora_request.lora_int_id if self.lora_request else 0
-
-    def token_at(self, index: int) -> int:
-        n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
 
 
 @dataclass

@@ -67,6 +67,7 @@ async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppStat
             max_waiting_requests=settings.max_waiting_requests,
             max_waiting_tokens=settings.max_waiting_tokens,
         )
+        client.engine.observe_adapter_loads(metrics.observe_adapter_load)
         await client.start()
         usage = UsageWriter(
             db,

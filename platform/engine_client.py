@@ -10,11 +10,12 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import anyio
 
 from loraplex.engine.request import LoRARequest, RequestOutput, SamplingParams
+from loraplex.engine.stats import EngineStats
 from loraplex.platform.crud import AdapterRef
 from loraplex.platform.errors import EngineOverloadedError, ServiceUnavailableError
 from loraplex.platform.ratelimit import BackpressureGate
@@ -58,12 +59,8 @@ class EngineClient:
     def num_inflight(self) -> int:
         return len(self._inflight)
 
-    def get_stats(self) -> dict[str, Any]:
-        return {
-            **self.engine.get_stats(),
-            "num_inflight_requests": self.num_inflight,
-            "draining": self.is_draining,
-        }
+    def get_stats(self) -> EngineStats:
+        return self.engine.get_stats()
 
     # ---- tokenization (in a worker thread: a long prompt must not stall other streams) ----
 

@@ -5,19 +5,15 @@ Label values come from tenants and adapters, i.e. from the database; `_BoundedLa
 label's distinct values (the rest read "other"), which stops a tenant creating adapters in a
 loop from blowing up the scrape size and Prometheus' memory.
 
-`update_engine_gauges(engine.get_stats())` reads these keys when present (missing or
-non-numeric ones are skipped): num_running, num_waiting, num_swapped, num_waiting_tokens,
-kv_blocks_used, kv_blocks_total, kv_usage (ratio; derived from used/total if absent),
-loaded_adapters_gpu / loaded_adapters_cpu (a count, or a list of adapter ids for residency),
-num_preemptions (cumulative; an int or {mode: count}), prefix_cache_hit_rate,
-throughput_tokens_per_s, num_adapter_loads / num_adapter_evictions (cumulative).
+`update_engine_gauges(engine.get_stats())` copies the engine's `EngineStats` snapshot into
+gauges, and its cumulative counts into counters (by their increase); `observe_adapter_load` is
+the engine's adapter-load observer (`AsyncEngine.observe_adapter_loads`).
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -28,6 +24,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from loraplex.engine.stats import AdapterLoad, EngineStats
+
 OTHER = "other"
 DEFAULT_MAX_LABEL_VALUES = 1000
 
@@ -35,9 +33,6 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600)
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-
-# Cumulative adapter counts in the stats -> the `event` label of adapter_events
-_ADAPTER_EVENT_KEYS = {"num_adapter_loads": "load", "num_adapter_evictions": "evict"}
 
 
 class _BoundedLabel:
@@ -69,7 +64,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._tenant = _BoundedLabel(max_label_values)
         self._adapter = _BoundedLabel(max_label_values)
-        self._last_cumulative: dict[tuple[str, str], float] = {}
+        self._last_cumulative: dict[tuple[Counter, str], int] = {}
         self._resident: dict[str, set[str]] = {}  # tier -> adapters with a residency series
         ns, reg = namespace, self.registry
         ta = ("tenant", "adapter")
@@ -126,8 +121,8 @@ class Metrics:
         )
         self.adapter_load_seconds = Histogram(
             "adapter_load_seconds",
-            "Time to validate and load an adapter.",
-            ("adapter",),
+            "Adapter load time: disk to CPU cache (read, validate), CPU cache to GPU slot.",
+            ("adapter", "tier"),
             namespace=ns,
             registry=reg,
             buckets=LOAD_BUCKETS,
@@ -214,56 +209,45 @@ class Metrics:
     def request_finished(self, tenant: str) -> None:
         self.requests_in_flight.labels(self._tenant(tenant)).dec()
 
-    def observe_adapter_load(self, adapter: str, seconds: float) -> None:
-        self.adapter_load_seconds.labels(self._adapter(adapter)).observe(seconds)
+    def observe_adapter_load(self, load: AdapterLoad) -> None:
+        """Pass to `AsyncEngine.observe_adapter_loads` (called from the engine thread)."""
+        self.adapter_load_seconds.labels(self._adapter(load.lora_name), load.tier).observe(
+            load.seconds
+        )
 
     # -- engine --------------------------------------------------------------------------
 
-    def update_engine_gauges(self, stats: Mapping[str, object]) -> None:
+    def update_engine_gauges(self, stats: EngineStats) -> None:
         """Refresh engine gauges and counters from `engine.get_stats()` (call on each scrape)."""
-        for key, g in self.engine_gauges.items():
-            value = _number(stats.get(key))
-            if value is not None:
-                g.set(value)
-        if _number(stats.get("kv_usage")) is None:
-            used = _number(stats.get("kv_blocks_used"))
-            total = _number(stats.get("kv_blocks_total"))
-            if used is not None and total:
-                self.engine_gauges["kv_usage"].set(used / total)
+        gauges = self.engine_gauges
+        gauges["num_running"].set(stats.num_running)
+        gauges["num_waiting"].set(stats.num_waiting)
+        gauges["num_swapped"].set(stats.num_swapped)
+        gauges["num_waiting_tokens"].set(stats.num_waiting_tokens)
+        gauges["kv_blocks_used"].set(stats.kv_blocks_used)
+        gauges["kv_blocks_total"].set(stats.kv_blocks_total)
+        gauges["kv_usage"].set(stats.kv_usage)
+        gauges["prefix_cache_hit_rate"].set(stats.prefix_cache_hit_rate)
+        gauges["throughput_tokens_per_s"].set(stats.throughput_tokens_per_s)
         for tier in ("gpu", "cpu"):
-            self._update_residency(tier, stats.get(f"loaded_adapters_{tier}"))
-        preemptions = stats.get("num_preemptions")
-        if isinstance(preemptions, Mapping):
-            for mode, count in preemptions.items():
-                self._advance(self.preemptions, "num_preemptions", str(mode), count)
-        else:
-            self._advance(self.preemptions, "num_preemptions", "all", preemptions)
-        for key, event in _ADAPTER_EVENT_KEYS.items():
-            self._advance(self.adapter_events, key, event, stats.get(key))
-
-    def _update_residency(self, tier: str, loaded: object) -> None:
-        if isinstance(loaded, list | tuple | set | frozenset):
-            self.loaded_adapters.labels(tier).set(len(loaded))
-            resident = {self._adapter(str(adapter)) for adapter in loaded}
+            resident = {self._adapter(r.lora_name) for r in stats.lora.resident if r.tier == tier}
+            self.loaded_adapters.labels(tier).set(stats.lora.num_resident(tier))
             for gone in self._resident.get(tier, set()) - resident:
                 self.adapter_resident.remove(gone, tier)
             for adapter in resident:
                 self.adapter_resident.labels(adapter, tier).set(1)
             self._resident[tier] = resident
-            return
-        count = _number(loaded)
-        if count is not None:
-            self.loaded_adapters.labels(tier).set(count)
+        self._advance(self.preemptions, "swap", stats.num_preemptions_swap)
+        self._advance(self.preemptions, "recompute", stats.num_preemptions_recompute)
+        self._advance(self.adapter_events, "load", stats.lora.num_gpu_loads)
+        self._advance(self.adapter_events, "evict", stats.lora.num_gpu_evictions)
 
-    def _advance(self, counter: Counter, key: str, label: str, cumulative: object) -> None:
+    def _advance(self, counter: Counter, label: str, cumulative: int) -> None:
         """Feed an engine's cumulative count into a Prometheus counter by its increase. A
         drop means the engine restarted: its whole new count is the increase."""
-        value = _number(cumulative)
-        if value is None:
-            return
-        last = self._last_cumulative.get((key, label), 0.0)
-        delta = value - last if value >= last else value
-        self._last_cumulative[(key, label)] = value
+        last = self._last_cumulative.get((counter, label), 0)
+        delta = cumulative - last if cumulative >= last else cumulative
+        self._last_cumulative[(counter, label)] = cumulative
         if delta > 0:
             counter.labels(label).inc(delta)
 
@@ -272,9 +256,3 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry (serve with `content_type`)."""
         return generate_latest(self.registry)
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None

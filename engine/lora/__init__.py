@@ -1,5 +1,4 @@
 from loraplex.engine.lora.adapter import LoRAAdapter, load_lora_adapter
-from loraplex.engine.lora.errors import InvalidAdapterError
 from loraplex.engine.lora.lora_manager import LoRAManager
 
-__all__ = ["InvalidAdapterError", "LoRAAdapter", "LoRAManager", "load_lora_adapter"]
+__all__ = ["LoRAAdapter", "LoRAManager", "load_lora_adapter"]

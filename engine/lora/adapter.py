@@ -17,12 +17,12 @@ from typing import Protocol
 import torch
 from safetensors.torch import load as load_safetensors
 
+from loraplex.engine.errors import InvalidAdapterError
 from loraplex.engine.lora.adapter_config import (
     SUPPORTED_TARGET_MODULES,
     LoRAAdapterConfig,
     parse_adapter_config,
 )
-from loraplex.engine.lora.errors import InvalidAdapterError
 from loraplex.engine.lora.safetensors_header import TensorInfo, parse_safetensors_header
 
 __all__ = ["ArchLike", "LoRAAdapter", "load_lora_adapter", "lora_module_shapes"]

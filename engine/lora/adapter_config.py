@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from loraplex.engine.lora.errors import InvalidAdapterError
+from loraplex.engine.errors import InvalidAdapterError
 from loraplex.engine.lora.safetensors_header import loads_strict_json
 
 MAX_CONFIG_BYTES = 64 * 1024

@@ -14,17 +14,20 @@ at once (new requests fail) and lets requests in flight finish on the pinned wei
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
 from loraplex.engine.config import LoRAConfig
+from loraplex.engine.errors import InvalidAdapterError
 from loraplex.engine.lora.adapter import ArchLike, LoRAAdapter, load_lora_adapter
-from loraplex.engine.lora.errors import InvalidAdapterError
 from loraplex.engine.lora.lora_batch import LoRABatch
 from loraplex.engine.lora.lora_slots import LoRASlots
 from loraplex.engine.request import LoRARequest
+from loraplex.engine.stats import AdapterLoad, AdapterTier, LoRAStats, ResidentAdapter
 from loraplex.kernels import build_lora_mapping
 
 logger = logging.getLogger(__name__)
@@ -43,12 +46,16 @@ class LoRAManager:
         self._paths: dict[str, str] = {}  # content hash -> path, to reload after eviction
         self._gpu_slots: OrderedDict[str, int] = OrderedDict()  # LRU, content hash -> slot
         self._pins: Counter[str] = Counter()  # requests in flight per content hash
+        self._names: dict[str, str] = {}  # content hash -> the name it was last registered as
         self.stats: Counter[str] = Counter()
+        # Called (in the engine thread) after every adapter load: metrics.
+        self.on_adapter_load: Callable[[AdapterLoad], None] | None = None
 
     # ---- registry ------------------------------------------------------------------------
 
     def add_lora(self, lora_request: LoRARequest) -> LoRARequest:
         """Validate and load an adapter; returns the request with its content hash set."""
+        start = time.perf_counter()
         adapter = load_lora_adapter(lora_request.lora_path, self.arch, self.config.max_lora_rank)
         if lora_request.content_hash not in (None, adapter.content_hash):
             # The caller registered other files than those now on disk: refuse, never serve
@@ -57,7 +64,9 @@ class LoRAManager:
                 f"{lora_request.lora_path}: content hash {adapter.content_hash} differs from "
                 f"the registered {lora_request.content_hash}"
             )
+        self._names[adapter.content_hash] = lora_request.lora_name
         self._cache_on_cpu(adapter, lora_request.lora_path)
+        self._report_load(adapter.content_hash, "cpu", start)
         resolved = replace(lora_request, content_hash=adapter.content_hash)
         self._registered[lora_request.lora_int_id] = resolved
         return resolved
@@ -120,13 +129,32 @@ class LoRAManager:
         modules = self.slots.modules_in_use(set(slot_of.values()))
         return LoRABatch(self.slots, sorted_token_ids, slot_start_loc, modules)
 
-    def get_stats(self) -> dict[str, int]:
-        return {
-            "loras_registered": len(self._registered),
-            "loras_cpu": len(self._cpu_cache),
-            "loras_gpu": len(self._gpu_slots),
-            **{f"lora_{k}": v for k, v in self.stats.items()},
-        }
+    def create_graph_batch(
+        self, sorted_token_ids: torch.Tensor, slot_start_loc: torch.Tensor
+    ) -> LoRABatch:
+        """A batch over static mapping buffers that launches for every module (CUDA graphs:
+        the captured launches must serve whatever adapters a replayed step has)."""
+        return LoRABatch(
+            self.slots, sorted_token_ids, slot_start_loc, set(self.slots.module_shapes)
+        )
+
+    def get_stats(self) -> LoRAStats:
+        resident = []
+        for lora_int_id, request in sorted(self._registered.items()):
+            if request.content_hash in self._gpu_slots:
+                resident.append(ResidentAdapter(lora_int_id, request.lora_name, "gpu"))
+            elif request.content_hash in self._cpu_cache:
+                resident.append(ResidentAdapter(lora_int_id, request.lora_name, "cpu"))
+        return LoRAStats(
+            num_registered=len(self._registered),
+            resident=tuple(resident),
+            num_gpu_loads=self.stats["gpu_loads"],
+            num_gpu_evictions=self.stats["gpu_evictions"],
+            num_gpu_hits=self.stats["gpu_hits"],
+            num_cpu_loads=self.stats["cpu_loads"],
+            num_cpu_evictions=self.stats["cpu_evictions"],
+            num_cpu_hits=self.stats["cpu_hits"],
+        )
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -143,9 +171,11 @@ class LoRAManager:
             victim = next(h for h in self._gpu_slots if h not in keep)  # LRU first
             slot = self._gpu_slots.pop(victim)
             self.stats["gpu_evictions"] += 1
+        start = time.perf_counter()
         self.slots.load(slot, adapter)
         self._gpu_slots[content_hash] = slot
         self.stats["gpu_loads"] += 1
+        self._report_load(content_hash, "gpu", start)
         return slot
 
     def _get_cpu(self, content_hash: str) -> LoRAAdapter:
@@ -155,11 +185,18 @@ class LoRAManager:
             self.stats["cpu_hits"] += 1
             return adapter
         path = self._paths[content_hash]
+        start = time.perf_counter()
         adapter = load_lora_adapter(path, self.arch, self.config.max_lora_rank)
         if adapter.content_hash != content_hash:
             raise InvalidAdapterError(f"{path}: the adapter files changed on disk while in use")
         self._cache_on_cpu(adapter, path)
+        self._report_load(content_hash, "cpu", start)
         return adapter
+
+    def _report_load(self, content_hash: str, tier: AdapterTier, start: float) -> None:
+        if self.on_adapter_load is not None:
+            name = self._names.get(content_hash, content_hash[:12])
+            self.on_adapter_load(AdapterLoad(name, tier, time.perf_counter() - start))
 
     def _cache_on_cpu(self, adapter: LoRAAdapter, path: str) -> None:
         self._cpu_cache[adapter.content_hash] = adapter
@@ -184,6 +221,7 @@ class LoRAManager:
             return
         self._cpu_cache.pop(content_hash, None)
         self._paths.pop(content_hash, None)
+        self._names.pop(content_hash, None)
         slot = self._gpu_slots.pop(content_hash, None)
         if slot is not None:
             self.slots.clear(slot)

@@ -17,18 +17,17 @@ compute is not: the kernels stop at each slot's own rank and skip slices an adap
 target. Tensors are allocated once and never move (CUDA graphs capture their addresses).
 
 The step workspace holds the fp32 shrink outputs of one step, every layer and slice its own
-region, plus the fused kernel's counters (`kernels/triton/lora_shrink_expand.py`):
+region, zeroed by one memset per step (LoRABatch) for a step of T tokens:
 
-    workspace  [ counters: L x num_slices x max_loras (int32) | lora_out: L x num_slices x T x r ]
-               |<------- zeroed by one memset per step (LoRABatch), for a step of T tokens ------>|
+    workspace  [ lora_out: L x NUM_SLICES x T x max_rank ]
 
-so no launch needs a memset of its own. It is sized here for steps of up to
-`max_workspace_tokens` tokens (the CUDA-graph batch sizes; larger steps take a buffer per launch)
-and never reallocated.
+It is sized for steps of up to `max_workspace_tokens` tokens (the CUDA-graph batch sizes; larger
+steps take a buffer per launch) and never reallocated.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -61,15 +60,6 @@ class LoRASliceGroup:
     ranks: torch.Tensor  # [num_slices, max_loras] int32
 
 
-@dataclass(frozen=True)
-class StepWorkspace:
-    """LoRASlots' workspace for one step (see the module docstring)."""
-
-    prefix: torch.Tensor  # flat float32: what the step's one memset zeroes
-    lora_out: torch.Tensor  # [num_layers, NUM_SLICES, num_tokens, max_rank] float32
-    counters: torch.Tensor  # [num_layers, NUM_SLICES, max_loras] int32
-
-
 class LoRASlots:
     def __init__(
         self,
@@ -78,6 +68,7 @@ class LoRASlots:
         max_lora_rank: int,
         dtype: torch.dtype,
         device: torch.device,
+        max_workspace_tokens: int = WORKSPACE_MAX_TOKENS,
     ) -> None:
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
@@ -103,31 +94,21 @@ class LoRASlots:
         self.scalings = torch.zeros(max_loras, dtype=torch.float32, device=device)
         # Host copies, to know which modules a step needs without a device sync.
         self.host_ranks: dict[str, list[int]] = {m: [0] * max_loras for m in self.module_shapes}
-        self._num_counters = self.num_layers * NUM_SLICES * max_loras
         per_token = self.num_layers * NUM_SLICES * max_lora_rank
-        budget = WORKSPACE_MAX_BYTES // 4 - self._num_counters
-        self.max_workspace_tokens = max(0, min(WORKSPACE_MAX_TOKENS, budget // per_token))
-        self._workspace = torch.zeros(  # float32; the counters are an int32 view of its head
-            self._num_counters + per_token * self.max_workspace_tokens,
-            dtype=torch.float32,
-            device=device,
+        budget_tokens = WORKSPACE_MAX_BYTES // (4 * per_token)
+        self.max_workspace_tokens = max(0, min(max_workspace_tokens, budget_tokens))
+        self._workspace = torch.zeros(
+            per_token * self.max_workspace_tokens, dtype=torch.float32, device=device
         )
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def step_workspace(self, num_tokens: int) -> StepWorkspace | None:
-        """Views of the workspace for a step of `num_tokens` tokens; None if it does not fit."""
+    def step_workspace(self, num_tokens: int) -> torch.Tensor | None:
+        """The workspace for a step of `num_tokens` tokens, [num_layers, NUM_SLICES, num_tokens,
+        max_rank] float32 (contiguous); None if it does not fit."""
         if num_tokens > self.max_workspace_tokens:
             return None
-        size = self.num_layers * NUM_SLICES * num_tokens * self.max_lora_rank
-        prefix = self._workspace[: self._num_counters + size]
-        counters = prefix[: self._num_counters].view(torch.int32)
-        return StepWorkspace(
-            prefix=prefix,
-            lora_out=prefix[self._num_counters :].view(
-                self.num_layers, NUM_SLICES, num_tokens, self.max_lora_rank
-            ),
-            counters=counters.view(self.num_layers, NUM_SLICES, self.max_loras),
-        )
+        shape = (self.num_layers, NUM_SLICES, num_tokens, self.max_lora_rank)
+        return self._workspace[: math.prod(shape)].view(shape)
 
     def _create_group(
         self, names: tuple[str, ...], first_slice: int, dtype: torch.dtype, device: torch.device

@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from loraplex.engine.lora.errors import InvalidAdapterError
+from loraplex.engine.errors import InvalidAdapterError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # 100 MiB
 # Bytes per element of the dtypes an adapter may store (bf16/fp16/fp32 weights only).

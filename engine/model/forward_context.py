@@ -34,18 +34,10 @@ class LoRAApplier(Protocol):
     """Adds the LoRA deltas of this step's adapters to a projection's output (engine/lora).
 
     `begin` (the shrink, x @ A.T) is called before the projection's GEMM so the two may
-    overlap; `finish` adds the expanded, scaled deltas into y (or, given `delta_into`, a tensor
-    the caller adds y to next, into that one, already at `begin`). `apply` does both at once.
+    overlap, and returns an opaque handle (None: nothing to add); `finish` adds the expanded,
+    scaled deltas into y (or, given `delta_into` at `begin`, a tensor the caller adds y to next,
+    into that one already, and only waits for them).
     """
-
-    def apply(
-        self,
-        layer_idx: int,
-        slice_names: tuple[str, ...],
-        slice_sizes: tuple[int, ...],
-        x: torch.Tensor,
-        y: torch.Tensor,
-    ) -> None: ...
 
     def begin(
         self,

@@ -17,7 +17,7 @@ import logging
 import torch
 
 from loraplex.engine.lora.lora_batch import LoRABatch
-from loraplex.engine.lora.lora_slots import LoRASlots
+from loraplex.engine.lora.lora_manager import LoRAManager
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.runner.input_batch import ModelInputs
@@ -34,12 +34,12 @@ class CUDAGraphRunner:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         max_num_seqs: int,
         max_blocks_per_seq: int,
-        lora_slots: LoRASlots | None,
+        lora_manager: LoRAManager | None,
         device: torch.device,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
-        self.lora_slots = lora_slots
+        self.lora_manager = lora_manager
         self.sizes = [s for s in CAPTURE_SIZES if s < max_num_seqs] + [max_num_seqs]
         n = self.sizes[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
@@ -49,7 +49,7 @@ class CUDAGraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.sorted_token_ids = torch.zeros(n, dtype=torch.int32, device=device)
-        max_loras = lora_slots.max_loras if lora_slots else 1
+        max_loras = lora_manager.config.max_loras if lora_manager else 1
         self.slot_start_loc = torch.zeros(max_loras + 1, dtype=torch.int32, device=device)
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
@@ -68,12 +68,9 @@ class CUDAGraphRunner:
         )
         lora = None
         if with_lora:
-            assert self.lora_slots is not None
-            lora = LoRABatch(
-                self.lora_slots,
-                self.sorted_token_ids[:size],
-                self.slot_start_loc,
-                modules=set(self.lora_slots.module_shapes),
+            assert self.lora_manager is not None
+            lora = self.lora_manager.create_graph_batch(
+                self.sorted_token_ids[:size], self.slot_start_loc
             )
         return ForwardContext(attn, self.kv_caches, lora)
 
@@ -81,7 +78,7 @@ class CUDAGraphRunner:
     def capture(self) -> None:
         """Capture every size, largest first so smaller graphs reuse its memory pool."""
         pool = None
-        for with_lora in [False, True] if self.lora_slots is not None else [False]:
+        for with_lora in [False, True] if self.lora_manager is not None else [False]:
             for size in reversed(self.sizes):
                 ctx = self._context(size, with_lora)
                 args = (self.input_ids[:size], self.positions[:size], ctx)

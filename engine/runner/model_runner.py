@@ -6,14 +6,13 @@ It never decides who runs: it executes a `SchedulerOutput` and returns sampled t
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 import torch
 
 from loraplex.engine.config import EngineConfig
-from loraplex.engine.lora.lora_slots import LoRASlots
+from loraplex.engine.lora.lora_manager import LoRAManager
 from loraplex.engine.model.dummy_weights import create_dummy_model
-from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext, LoRAApplier
+from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
 from loraplex.engine.model.weight_loader import load_model
 from loraplex.engine.request import Request
 from loraplex.engine.runner.cuda_graph import CUDAGraphRunner
@@ -52,12 +51,14 @@ class ModelRunner:
         self.cpu_kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
-        # Set by the LoRA manager when LoRA is enabled (engine/lora).
-        self.lora: LoRAApplierFactory | None = None
+        # Adapter residency (disk -> CPU -> GPU slots); the engine pins and resolves through it.
+        self.lora_manager: LoRAManager | None = None
+        if config.lora.enable_lora:
+            self.lora_manager = LoRAManager(config.lora, self.arch, self.dtype, self.device)
         self.cuda_graphs: CUDAGraphRunner | None = None
 
-    def capture_cuda_graphs(self, max_model_len: int, lora_slots: LoRASlots | None) -> None:
-        """Capture decode graphs (CUDA only, unless enforce_eager)."""
+    def capture_cuda_graphs(self, max_model_len: int) -> None:
+        """Capture decode graphs (CUDA only, unless enforce_eager), once the KV cache exists."""
         if self.device.type != "cuda" or self.config.model.enforce_eager:
             return
         self.cuda_graphs = CUDAGraphRunner(
@@ -65,7 +66,7 @@ class ModelRunner:
             self.kv_caches,
             self.config.scheduler.max_num_seqs,
             -(-max_model_len // self.block_size),
-            lora_slots,
+            self.lora_manager,
             self.device,
         )
         self.cuda_graphs.capture()
@@ -196,7 +197,9 @@ class ModelRunner:
         if not scheduler_output.scheduled:
             return ModelRunnerOutput()
         inputs = prepare_inputs(scheduler_output.scheduled, self.block_size, self.device)
-        lora = self.lora.prepare(inputs.token_lora_hashes) if self.lora is not None else None
+        lora = None
+        if self.lora_manager is not None:
+            lora = self.lora_manager.prepare(inputs.token_lora_hashes)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(inputs):
             hidden = self.cuda_graphs.run(inputs, lora)  # [num_tokens, hidden]
         else:
@@ -232,12 +235,6 @@ class ModelRunner:
         if request_id not in self._generators:
             self._generators[request_id] = create_generator(seed, self.device)
         return self._generators[request_id]
-
-
-class LoRAApplierFactory(Protocol):
-    """What the LoRA manager offers the runner: this step's token → adapter mapping."""
-
-    def prepare(self, token_lora_hashes: list[str | None]) -> LoRAApplier | None: ...
 
 
 def _min_tokens_stops(requests: list[Request]) -> list[list[int]] | None:

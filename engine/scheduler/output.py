@@ -37,10 +37,6 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
 
     @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
     def is_empty(self) -> bool:
         return not (
             self.scheduled

@@ -17,13 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.errors import InvalidParameterError, RequestTooLongError
 from loraplex.engine.kv_cache import KVCacheBlock, KVCacheManager
 from loraplex.engine.kv_cache.kv_cache_manager import cdiv
 from loraplex.engine.request import (
-    InvalidRequestError,
     Request,
     RequestStatus,
-    RequestTooLongError,
 )
 from loraplex.engine.scheduler.fairness import VirtualTokenCounter
 from loraplex.engine.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
@@ -65,8 +64,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_request_ids: set[str] = set()
-        self.num_preemptions = 0
-        self.num_preemptions_by_mode = {"swap": 0, "recompute": 0}
+        self.num_swap_preemptions = 0
+        self.num_recompute_preemptions = 0
 
     @property
     def is_priority(self) -> bool:
@@ -77,12 +76,12 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a request; raise if it can never be served (instead of waiting forever)."""
         if request.num_prompt_tokens == 0:
-            raise InvalidRequestError("prompt", "must not be empty")
+            raise InvalidParameterError("must not be empty", param="prompt")
         if request.num_tokens >= self.max_model_len:
             raise RequestTooLongError(
-                "prompt",
                 f"the prompt has {request.num_prompt_tokens} tokens; this model's context holds "
                 f"{self.max_model_len} (prompt plus at least one generated token)",
+                param="prompt",
             )
         assert request.request_id not in self.requests, f"duplicate id {request.request_id}"
         request.status = RequestStatus.WAITING
@@ -110,6 +109,10 @@ class Scheduler:
     @property
     def num_waiting_tokens(self) -> int:
         return sum(r.num_tokens - r.num_computed_tokens for r in self.waiting)
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.num_swap_preemptions + self.num_recompute_preemptions
 
     @property
     def num_swapped(self) -> int:
@@ -281,14 +284,13 @@ class Scheduler:
         if swap_out is not None:
             step.swap_out.extend(swap_out)
             request.status = RequestStatus.SWAPPED
-            self.num_preemptions_by_mode["swap"] += 1
+            self.num_swap_preemptions += 1
         else:
             kv.free(request)
             request.num_computed_tokens = 0
             request.status = RequestStatus.PREEMPTED
-            self.num_preemptions_by_mode["recompute"] += 1
+            self.num_recompute_preemptions += 1
         request.num_preemptions += 1
-        self.num_preemptions += 1
         step.preempted.append(request)
         self.waiting.add_front(request)
 

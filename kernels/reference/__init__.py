@@ -6,7 +6,7 @@ from loraplex.kernels.reference.fused_ops import (
     rms_norm,
     silu_and_mul,
 )
-from loraplex.kernels.reference.lora import lora_expand, lora_shrink, lora_shrink_expand
+from loraplex.kernels.reference.lora import lora_expand, lora_shrink
 from loraplex.kernels.reference.paged_attention import paged_attention, reshape_and_cache
 
 __all__ = [
@@ -14,7 +14,6 @@ __all__ = [
     "fused_add_rms_norm",
     "lora_expand",
     "lora_shrink",
-    "lora_shrink_expand",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",

@@ -9,7 +9,6 @@ gate/up share x). For slot `s`, slice `i` with rank `r = lora_ranks[i, s]` and t
 
     shrink:  out[:] = 0 (if zero_out);  out[i, t, :r] += x[t] @ lora_a[s, i, :r].T
     expand:  y[t, y_offset + o_i + j] += scalings[s] * lora_out[i, t, :r] @ lora_b[s, o_i + j, :r]
-    shrink_expand:  shrink into lora_out without zeroing it (it must be zero), then expand
 
 where o_i = sum(slice_sizes[:i]) and j < slice_sizes[i]: slices are stacked along lora_b's rows.
 
@@ -20,10 +19,6 @@ for a buffer known to be zero, e.g. one zeroed once for all launches of a step. 
 leaves y untouched outside the computed entries. Products are accumulated in float32 and
 rounded once on store, as the kernels do. One matmul per non-empty (slot, slice); x and y rows
 are gathered once per slot; the loop reads the small mapping tensors on the host.
-
-`lora_shrink_expand` is one launch in Triton (decode: no launch gap, and the expand's loads
-overlap the shrink); its `counters` are that kernel's cross-program signals, which the
-reference does not need.
 """
 
 from __future__ import annotations
@@ -121,25 +116,3 @@ def lora_expand(
                 b = lora_b[slot, cols, :rank].float()  # [slice_size, rank]
                 rows[:, cols] += (lo[i, :, :rank] @ b.T) * scale_list[slot]
         y_cols[token_ids] = rows.to(y.dtype)
-
-
-def lora_shrink_expand(
-    x: torch.Tensor,  # [num_tokens, in_dim]
-    lora_a: torch.Tensor,  # [max_loras, num_slices, max_rank, in_dim]
-    lora_b: torch.Tensor,  # [max_loras, sum(slice_sizes), max_rank]
-    sorted_token_ids: torch.Tensor,  # [num_tokens] int32
-    slot_start_loc: torch.Tensor,  # [max_loras + 1] int32
-    lora_ranks: torch.Tensor,  # [num_slices, max_loras] int32
-    scalings: torch.Tensor,  # [max_loras] float32
-    y: torch.Tensor,  # [num_tokens, y_dim]
-    y_offset: int,
-    slice_sizes: tuple[int, ...],
-    lora_out: torch.Tensor,  # [num_slices, num_tokens, max_rank] float32, zero
-    counters: torch.Tensor,  # [num_slices, max_loras] int32, zero; unused here
-) -> None:
-    """lora_shrink(..., lora_out, zero_out=False) then lora_expand(lora_out, ...): lora_out (which
-    must be zero) is left holding the shrink; y gets the deltas. One launch in Triton."""
-    assert counters.shape == lora_ranks.shape, "counters must be [num_slices, max_loras]"
-    mapping = (sorted_token_ids, slot_start_loc, lora_ranks)
-    lora_shrink(x, lora_a, *mapping, lora_out, zero_out=False)
-    lora_expand(lora_out, lora_b, *mapping, scalings, y, y_offset, slice_sizes)

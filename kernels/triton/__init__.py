@@ -2,7 +2,6 @@
 
 from loraplex.kernels.triton.lora_expand import lora_expand
 from loraplex.kernels.triton.lora_shrink import lora_shrink
-from loraplex.kernels.triton.lora_shrink_expand import lora_shrink_expand
 from loraplex.kernels.triton.paged_attention import paged_attention
 from loraplex.kernels.triton.reshape_and_cache import reshape_and_cache
 from loraplex.kernels.triton.rms_norm import fused_add_rms_norm, rms_norm
@@ -14,7 +13,6 @@ __all__ = [
     "fused_add_rms_norm",
     "lora_expand",
     "lora_shrink",
-    "lora_shrink_expand",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",

@@ -14,9 +14,12 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from loraplex.engine.lora.errors import InvalidAdapterError
-from loraplex.engine.request import InvalidRequestError as EngineInvalidRequestError
-from loraplex.engine.request import RequestTooLongError
+from loraplex.engine.errors import (
+    EngineDeadError,
+    InvalidAdapterError,
+    InvalidParameterError,
+    RequestTooLongError,
+)
 from loraplex.platform import errors as e
 
 logger = logging.getLogger(__name__)
@@ -95,9 +98,9 @@ async def _loraplex_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _engine_invalid_request(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, EngineInvalidRequestError)
+    assert isinstance(exc, InvalidParameterError)
     code = "context_length_exceeded" if isinstance(exc, RequestTooLongError) else None
-    return error_response(400, str(exc), type="invalid_request_error", param=exc.field, code=code)
+    return error_response(400, str(exc), type="invalid_request_error", param=exc.param, code=code)
 
 
 async def _invalid_adapter(request: Request, exc: Exception) -> JSONResponse:
@@ -186,8 +189,6 @@ def _with_rate_limit_headers(handler: Handler) -> Handler:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    from loraplex.engine.async_engine import EngineDeadError
-
     async def _engine_dead(request: Request, exc: Exception) -> JSONResponse:
         logger.error("engine is dead: %s", exc)
         return error_response(
@@ -210,7 +211,7 @@ def install_error_handlers(app: FastAPI) -> None:
         (sa_exc.InterfaceError, _database_unavailable),
         (sa_exc.TimeoutError, _database_unavailable),
         (e.LoraplexError, _loraplex_error),
-        (EngineInvalidRequestError, _engine_invalid_request),
+        (InvalidParameterError, _engine_invalid_request),
         (InvalidAdapterError, _invalid_adapter),
         (EngineDeadError, _engine_dead),
         (RequestValidationError, _validation_error),

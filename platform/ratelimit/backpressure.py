@@ -6,7 +6,8 @@ without bound."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+
+from loraplex.engine.stats import EngineStats
 
 # Bounds on the advertised wait: at least the header's 1 s, at most a minute.
 MIN_RETRY_AFTER_S = 1
@@ -26,15 +27,13 @@ class BackpressureGate:
         self.max_waiting_requests = max_waiting_requests
         self.max_waiting_tokens = max_waiting_tokens
 
-    def check(self, engine_stats: Mapping[str, object]) -> int | None:
+    def check(self, stats: EngineStats) -> int | None:
         """Retry-after seconds when the queue is full (it already holds the bound), else None.
 
-        Reads `num_waiting`, `num_waiting_tokens` and, for the estimate, the optional
-        `throughput_tokens_per_s`: the time to drain the tokens queued past the bound (or one
+        The estimate is the time to drain the tokens queued past the bound (or one
         request's worth of them when only the request bound is hit), clamped to [1, 60] s.
         """
-        num_waiting = _number(engine_stats.get("num_waiting"))
-        num_waiting_tokens = _number(engine_stats.get("num_waiting_tokens"))
+        num_waiting, num_waiting_tokens = stats.num_waiting, stats.num_waiting_tokens
         over_requests = (
             self.max_waiting_requests is not None and num_waiting >= self.max_waiting_requests
         )
@@ -43,8 +42,8 @@ class BackpressureGate:
         )
         if not (over_requests or over_tokens):
             return None
-        throughput = _number(engine_stats.get("throughput_tokens_per_s"))
-        if throughput <= 0:
+        throughput = stats.throughput_tokens_per_s
+        if not math.isfinite(throughput) or throughput <= 0:
             return MIN_RETRY_AFTER_S
         excess = 0.0
         if over_tokens and self.max_waiting_tokens is not None:
@@ -53,9 +52,3 @@ class BackpressureGate:
             excess = max(excess, num_waiting_tokens / num_waiting)
         seconds = math.ceil(excess / throughput) if excess > 0 else MIN_RETRY_AFTER_S
         return min(MAX_RETRY_AFTER_S, max(MIN_RETRY_AFTER_S, seconds))
-
-
-def _number(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0.0
-    return float(value) if math.isfinite(value) else 0.0

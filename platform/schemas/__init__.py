@@ -9,6 +9,7 @@ from loraplex.platform.schemas.admin import (
     ApiKeyCreated,
     ApiKeyPublic,
     ApiKeysPublic,
+    EngineStatePublic,
     TenantCreate,
     TenantPublic,
     TenantsPublic,
@@ -24,6 +25,7 @@ from loraplex.platform.schemas.openai_requests import (
 from loraplex.platform.schemas.openai_responses import ErrorResponse, ModelList, TokenResponse
 
 __all__ = [
+    "EngineStatePublic",
     "AdapterGrantCreate",
     "AdapterGrantPublic",
     "AdapterPublic",

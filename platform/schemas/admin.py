@@ -11,6 +11,7 @@ from typing import Annotated
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict
 
+from loraplex.engine.stats import EngineStats
 from loraplex.platform.db import AdapterStatus, TenantStatus, TenantTier
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -138,3 +139,18 @@ class UsageRow(BaseModel):
 class UsagePublic(BaseModel):
     object: str = "list"
     data: list[UsageRow]
+
+
+class EngineStatePublic(BaseModel):
+    """GET /admin/v1/engine: the served model, the server's own state and the engine's last
+    snapshot (`stats`: requests, KV blocks, preemptions, prefix cache, adapters)."""
+
+    model: str
+    max_model_len: int
+    ratelimit_backend: str
+    num_inflight_requests: int
+    draining: bool
+    kv_usage: float
+    num_preemptions: int
+    prefix_cache_hit_rate: float
+    stats: EngineStats

@@ -103,7 +103,7 @@ def resolve_priority(tenant: TenantContext, requested: int | None) -> int:
 def build_sampling_params(
     body: _SamplingFields, *, max_tokens: int, logprobs: int | None
 ) -> SamplingParams:
-    """Raises the engine's InvalidRequestError (mapped to 400 with `param`) on bad values."""
+    """Raises the engine's InvalidParameterError (mapped to 400 with `param`) on bad values."""
     stop = body.stop
     for i, s in enumerate([stop] if isinstance(stop, str) else stop or []):
         check_text(s, f"stop[{i}]" if not isinstance(stop, str) else "stop")

@@ -9,8 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from loraplex.engine.lora.errors import InvalidAdapterError
-from loraplex.engine.request import InvalidRequestError as EngineInvalidRequestError
+from loraplex.engine.errors import InvalidAdapterError, InvalidParameterError
 from loraplex.platform.errors import LoraplexError
 
 logger = logging.getLogger(__name__)
@@ -32,8 +31,8 @@ def sse_error(exc: BaseException) -> str:
     }
     if isinstance(exc, LoraplexError):
         error.update(message=exc.message, param=exc.param)
-    elif isinstance(exc, EngineInvalidRequestError):
-        error.update(message=str(exc), type="invalid_request_error", param=exc.field)
+    elif isinstance(exc, InvalidParameterError):
+        error.update(message=str(exc), type="invalid_request_error", param=exc.param)
     elif isinstance(exc, InvalidAdapterError):
         error.update(
             message="the adapter could not be loaded; contact the operator",
@@ -48,7 +47,7 @@ async def guard_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
         async for event in events:
             yield event
     except Exception as exc:
-        if isinstance(exc, LoraplexError | EngineInvalidRequestError | InvalidAdapterError):
+        if isinstance(exc, LoraplexError | InvalidParameterError | InvalidAdapterError):
             logger.warning("stream failed: %r", exc)
         else:
             logger.exception("stream failed")

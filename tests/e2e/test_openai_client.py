@@ -11,6 +11,7 @@ import openai
 import pytest
 from sqlalchemy import select
 
+from loraplex.engine.stats import EngineStats
 from loraplex.platform.db import UsageRecord
 from loraplex.platform.ratelimit import TenantLimits
 from tests.e2e.live_server import LiveServer
@@ -100,14 +101,14 @@ def test_openai_client_sees_429_and_retry_after(live_server: LiveServer) -> None
     assert limited.value.code == "rate_limit_exceeded"
 
 
-def wait_until_idle(server: LiveServer, timeout_s: float = 10) -> dict[str, object]:
+def wait_until_idle(server: LiveServer, timeout_s: float = 10) -> EngineStats:
     deadline = time.monotonic() + timeout_s
     while True:
         stats = server.app_state.engine.get_stats()
         if (
-            stats["num_running"] == 0
-            and stats["num_waiting"] == 0
-            and stats["kv_blocks_used"] == 0
+            stats.num_running == 0
+            and stats.num_waiting == 0
+            and stats.kv_blocks_used == 0
             and server.app_state.engine.num_inflight == 0
         ):
             return stats
@@ -147,7 +148,7 @@ def test_client_disconnect_aborts_the_engine_request(live_server: LiveServer) ->
         for _ in range(3):
             next(lines)
         stats = engine.get_stats()
-        assert stats["num_running"] == 1 and stats["kv_blocks_used"] > 0
+        assert stats.num_running == 1 and stats.kv_blocks_used > 0
     # Leaving the block closed the connection mid-stream.
     wait_until_idle(live_server)
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from loraplex.engine import AsyncEngine, InvalidRequestError, SamplingParams
+from loraplex.engine import AsyncEngine, InvalidParameterError, SamplingParams
 from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
 
 
@@ -50,9 +50,9 @@ async def test_leaving_the_stream_aborts_and_frees_blocks(checkpoint):
         for _ in range(100):
             await asyncio.sleep(0.02)
             stats = engine.get_stats()
-            if stats["num_running"] == 0 and stats["num_waiting"] == 0:
+            if stats.num_running == 0 and stats.num_waiting == 0:
                 break
-        assert stats["kv_blocks_used"] == 0 and stats["num_running"] == 0
+        assert stats.kv_blocks_used == 0 and stats.num_running == 0
         engine.engine.kv_cache_manager.check_integrity()
     finally:
         await engine.shutdown()
@@ -61,10 +61,10 @@ async def test_leaving_the_stream_aborts_and_frees_blocks(checkpoint):
 async def test_bad_request_raises_before_output_and_engine_lives(checkpoint):
     engine = await started(checkpoint)
     try:
-        with pytest.raises(InvalidRequestError):
+        with pytest.raises(InvalidParameterError):
             async for _ in engine.generate({"prompt_token_ids": []}, SamplingParams(), "bad"):
                 pass
-        with pytest.raises(InvalidRequestError):
+        with pytest.raises(InvalidParameterError):
             async for _ in engine.generate({"prompt_token_ids": [10**9]}, SamplingParams(), "bad2"):
                 pass
         outs = [o async for o in engine.generate("ok", SamplingParams(max_tokens=2), "good")]

@@ -63,11 +63,11 @@ def test_greedy_matches_hf(checkpoint, engine_kwargs):
     expected = hf_greedy(checkpoint, prompts, MAX_TOKENS)
     llm = LLM(str(checkpoint), device="cpu", dtype="float32", **engine_kwargs)
     assert run_engine(llm, prompts) == expected
-    by_mode = llm.engine.scheduler.num_preemptions_by_mode
+    stats = llm.engine.get_stats()
     if engine_kwargs.get("preemption_mode") == "swap":
-        assert by_mode["swap"] > 0
+        assert stats.num_preemptions_swap > 0
     if engine_kwargs.get("preemption_mode") == "recompute" or "swap_space_gb" in engine_kwargs:
-        assert by_mode["recompute"] > 0
+        assert stats.num_preemptions_recompute > 0
 
 
 def test_smollm2_batch_matches_hf_under_chunking_and_preemption(smollm2_checkpoint):

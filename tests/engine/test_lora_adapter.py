@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from loraplex.engine.errors import InvalidAdapterError
 from loraplex.engine.lora.adapter import LoRAAdapter, load_lora_adapter
-from loraplex.engine.lora.errors import InvalidAdapterError
 from loraplex.engine.model.hf_config import ModelArchConfig
 
 peft = pytest.importorskip("peft")

@@ -1,6 +1,6 @@
 """LoRASlots' stacked storage and LoRABatch's launches against per-token LoRA deltas.
 
-Every launch plan (a buffer per launch, the step workspace, the fused kernel) must give the same
+Steps that fit the step workspace and steps that take a buffer per launch must give the same
 deltas, forward after forward: the workspace is zeroed once per forward, at its first launch,
 so a dirty workspace left by the previous forward must not leak into the next one.
 """
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from loraplex.engine.lora import lora_batch, lora_slots
+from loraplex.engine.lora import lora_batch
 from loraplex.engine.lora.adapter import LoRAAdapter, lora_module_shapes
-from loraplex.engine.lora.lora_batch import LoRABatch, LoRAKernelPlan
+from loraplex.engine.lora.lora_batch import LoRABatch
 from loraplex.engine.lora.lora_slots import SLICE_GROUPS, LoRASlots
 from loraplex.kernels import build_lora_mapping
 
@@ -109,12 +109,8 @@ ADAPTER_SETS: dict[str, dict[int, tuple[int, tuple[str, ...]]]] = {
     "v-only": {1: (2, ("v_proj",))},
     "down-only": {2: (4, ("down_proj",))},
 }
-PLANS = {
-    "buffer-per-launch": LoRAKernelPlan(step_workspace=False),
-    "step-workspace": LoRAKernelPlan(step_workspace=True),
-    "fused": LoRAKernelPlan(step_workspace=True, fused_max_tokens=1 << 20),
-    "overlapped-shrink": LoRAKernelPlan(step_workspace=True, overlap_shrink=True),
-}
+# Tokens a step may have and still use the workspace: a step of 8 tokens fits, 64 do not.
+WORKSPACE_SIZES = {"step-workspace": 64, "buffer-per-launch": 4}
 
 
 def pick_device(kernels: str, monkeypatch: pytest.MonkeyPatch) -> torch.device:
@@ -126,16 +122,16 @@ def pick_device(kernels: str, monkeypatch: pytest.MonkeyPatch) -> torch.device:
         return torch.device("cuda")  # the dispatchers pick Triton for CUDA tensors
     # The Triton launchers on CPU tensors (TRITON_INTERPRET=1, tests/conftest.py).
     from loraplex.kernels import triton as triton_kernels
-    from loraplex.kernels.triton.lora_shrink_expand import lora_shrink_expand
 
     monkeypatch.setattr(lora_batch, "lora_shrink", triton_kernels.lora_shrink)
     monkeypatch.setattr(lora_batch, "lora_expand", triton_kernels.lora_expand)
-    monkeypatch.setattr(lora_batch, "lora_shrink_expand", lora_shrink_expand)
     return CPU
 
 
-def load_adapter_set(adapter_set: str, device: torch.device) -> tuple[LoRASlots, dict]:
-    slots = LoRASlots(ARCH, max_loras=3, max_lora_rank=8, dtype=torch.float32, device=device)
+def load_adapter_set(
+    adapter_set: str, device: torch.device, max_workspace_tokens: int = 64
+) -> tuple[LoRASlots, dict]:
+    slots = LoRASlots(ARCH, 3, 8, torch.float32, device, max_workspace_tokens=max_workspace_tokens)
     adapters = {
         slot: make_adapter(rank, modules, seed=slot)
         for slot, (rank, modules) in ADAPTER_SETS[adapter_set].items()
@@ -146,13 +142,13 @@ def load_adapter_set(adapter_set: str, device: torch.device) -> tuple[LoRASlots,
 
 
 def check_forward(
-    batch: LoRABatch, adapters: dict, token_slots: list[int], device: torch.device, halves: bool
+    batch: LoRABatch, adapters: dict, token_slots: list[int], device: torch.device
 ) -> None:
-    """One forward: every layer's projections in model order, through `apply` (or `begin` before
-    a stand-in base matmul and `finish` after it), deltas checked against float64.
+    """One forward: every layer's projections in model order, `begin` before a stand-in base
+    matmul and `finish` after it, deltas checked against float64.
 
-    With `halves`, o_proj and down_proj pass a residual stream as `delta_into`, as MergedLinear
-    does: their deltas must land there, and y must stay the base output."""
+    o_proj and down_proj pass a residual stream as `delta_into`, as MergedLinear does: their
+    deltas must land there, and y must stay the base output."""
     for layer in range(ARCH.num_hidden_layers):
         for names in SLICE_GROUPS:
             sizes = tuple(SHAPES[m][1] for m in names)
@@ -160,15 +156,11 @@ def check_forward(
             y0 = torch.randn(len(token_slots), sum(sizes))
             r0 = torch.randn(len(token_slots), sum(sizes))
             residual = None
-            if halves:
-                if names in (("o_proj",), ("down_proj",)):
-                    residual = r0.to(device, copy=True)
-                shrunk = batch.begin(layer, names, sizes, x.to(device), delta_into=residual)
-                y = y0.to(device, copy=True)  # the base GEMM's output, after begin
-                batch.finish(shrunk, y)
-            else:
-                y = y0.to(device, copy=True)
-                batch.apply(layer, names, sizes, x.to(device), y)
+            if names in (("o_proj",), ("down_proj",)):
+                residual = r0.to(device, copy=True)
+            shrunk = batch.begin(layer, names, sizes, x.to(device), delta_into=residual)
+            y = y0.to(device, copy=True)  # the base GEMM's output, after begin
+            batch.finish(shrunk, y)
             delta = expected_delta(adapters, token_slots, layer, names, x)
             if residual is not None:
                 torch.testing.assert_close(y.cpu(), y0)
@@ -177,36 +169,29 @@ def check_forward(
 
 
 @pytest.mark.parametrize("kernels", ["reference", "triton"])
-@pytest.mark.parametrize("plan", list(PLANS))
+@pytest.mark.parametrize("workspace", list(WORKSPACE_SIZES))
 @pytest.mark.parametrize("adapter_set", list(ADAPTER_SETS))
-def test_apply_adds_each_adapters_deltas(
-    kernels: str, plan: str, adapter_set: str, monkeypatch: pytest.MonkeyPatch
+def test_begin_finish_add_each_adapters_deltas(
+    kernels: str, workspace: str, adapter_set: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     device = pick_device(kernels, monkeypatch)
     torch.manual_seed(0)
-    slots, adapters = load_adapter_set(adapter_set, device)
+    slots, adapters = load_adapter_set(adapter_set, device, WORKSPACE_SIZES[workspace])
     token_slots = [-1, *adapters, *reversed(list(adapters)), -1, next(iter(adapters))]
     ids, loc = build_lora_mapping(torch.tensor(token_slots, device=device), slots.max_loras)
-    batch = LoRABatch(slots, ids, loc, slots.modules_in_use(set(adapters)), PLANS[plan])
+    batch = LoRABatch(slots, ids, loc, slots.modules_in_use(set(adapters)))
+    uses_workspace = workspace == "step-workspace"
+    assert (slots.step_workspace(len(token_slots)) is not None) == uses_workspace
     for forward in range(2):  # replays of one batch, as a CUDA graph does
-        if forward == 1 and PLANS[plan].step_workspace:
-            slots.step_workspace(len(token_slots)).prefix.fill_(7.0)  # dirty; must be re-zeroed
-        check_forward(batch, adapters, token_slots, device, halves=PLANS[plan].overlap_shrink)
+        if forward == 1 and uses_workspace:
+            slots.step_workspace(len(token_slots)).fill_(7.0)  # dirty; must be re-zeroed
+        check_forward(batch, adapters, token_slots, device)
 
 
-def test_steps_larger_than_the_workspace_take_a_buffer_per_launch(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(lora_slots, "WORKSPACE_MAX_TOKENS", 4)
-    torch.manual_seed(0)
-    slots, adapters = load_adapter_set("qv+full", CPU)
+def test_workspace_views_and_size_cap() -> None:
+    slots, _ = load_adapter_set("qv+full", CPU, max_workspace_tokens=4)
     assert slots.max_workspace_tokens == 4
-    assert slots.step_workspace(4) is not None and slots.step_workspace(5) is None
+    assert slots.step_workspace(5) is None
     ws = slots.step_workspace(4)
-    assert ws.lora_out.shape == (2, 7, 4, 8) and ws.counters.shape == (2, 7, 3)
-    assert ws.counters.dtype == torch.int32 and ws.prefix.numel() == 2 * 7 * 3 + 2 * 7 * 4 * 8
-    for token_slots in ([0, 2, -1, 2], [0, 2, -1, 2, 0, 0, 2, -1]):
-        ids, loc = build_lora_mapping(torch.tensor(token_slots), slots.max_loras)
-        plan = LoRAKernelPlan(step_workspace=True, fused_max_tokens=1 << 20)
-        batch = LoRABatch(slots, ids, loc, slots.modules_in_use(set(adapters)), plan)
-        check_forward(batch, adapters, token_slots, CPU, halves=False)
+    assert ws is not None and ws.shape == (2, 7, 4, 8) and ws.dtype == torch.float32
+    assert ws.is_contiguous()

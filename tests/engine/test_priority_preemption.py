@@ -85,7 +85,7 @@ def test_urgent_request_starts_within_one_step_and_outputs_are_unchanged(model, 
         preemption_mode=mode,
     )
     assert started_at["urgent"] == 3, "admitted in the step it arrived"
-    assert engine.scheduler.num_preemptions_by_mode[mode] > 0
+    assert getattr(engine.get_stats(), f"num_preemptions_{mode}") > 0
     assert pressured == reference
 
 
@@ -100,7 +100,7 @@ def test_swap_falls_back_to_recompute_when_swap_space_is_short(model):
         preemption_mode="swap",
         swap_space_gb=1e-7,
     )
-    assert engine.scheduler.num_preemptions_by_mode["recompute"] > 0
+    assert engine.get_stats().num_preemptions_recompute > 0
     assert pressured == reference
 
 

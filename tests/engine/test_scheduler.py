@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from loraplex.engine.config import SchedulerConfig
+from loraplex.engine.errors import InvalidParameterError, RequestTooLongError
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.request import (
-    InvalidRequestError,
     Request,
     RequestStatus,
-    RequestTooLongError,
     SamplingParams,
 )
 from loraplex.engine.scheduler import ModelRunnerOutput, Scheduler
@@ -135,7 +134,7 @@ def test_request_that_can_never_fit_is_rejected_at_once():
     s = make_scheduler(max_model_len=8)
     with pytest.raises(RequestTooLongError):
         s.add_request(make_request("a", 8))
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(InvalidParameterError):
         s.add_request(make_request("b", 0))
     assert not s.has_unfinished_requests()
 

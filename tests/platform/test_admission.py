@@ -70,7 +70,7 @@ async def test_backpressure_answers_engine_overloaded(server: Platform) -> None:
         for _ in range(3)
     ]
     for _ in range(500):  # until the engine reports a queue
-        if engine.get_stats()["num_waiting"] >= 1:
+        if engine.get_stats().num_waiting >= 1:
             break
         await asyncio.sleep(0.002)
     r = await server.client.post("/v1/completions", headers=headers, json=body)

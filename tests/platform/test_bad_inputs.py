@@ -195,7 +195,7 @@ async def assert_still_serving(server: Platform, headers: dict[str, str]) -> Non
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 3
     stats = server.state.engine.get_stats()
-    assert server.state.engine.num_inflight == 0 and stats["num_waiting"] == 0
+    assert server.state.engine.num_inflight == 0 and stats.num_waiting == 0
 
 
 async def test_bad_json_bodies(server: Platform) -> None:

@@ -107,10 +107,10 @@ async def test_prefix_cache_is_not_shared_across_tenants(server: Platform) -> No
         # The engine thread publishes its stats just after the outputs: wait for this step's.
         for _ in range(100):
             after = engine.get_stats()
-            if after["prefix_cache_queried_tokens"] > before["prefix_cache_queried_tokens"]:
+            if after.prefix_cache_queried_tokens > before.prefix_cache_queried_tokens:
                 break
             await asyncio.sleep(0.01)
-        return int(after["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"])
+        return after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens
 
     await cached_tokens(a_headers)
     assert await cached_tokens(a_headers) > 0  # the cache works within a tenant...

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client.parser import text_string_to_metric_families
 
+from loraplex.engine.stats import AdapterLoad, EngineStats, LoRAStats, ResidentAdapter
 from loraplex.platform.metrics import OTHER, Metrics
 
 
@@ -29,7 +32,7 @@ def test_request_metrics_rendered() -> None:
     metrics.observe_request("acme", "support-bot", 499, prompt_tokens=3)
     metrics.observe_rate_limited("acme", "tokens")
     metrics.observe_ratelimit_fallback()
-    metrics.observe_adapter_load("support-bot", 0.3)
+    metrics.observe_adapter_load(AdapterLoad("support-bot", "gpu", 0.3))
     metrics.request_started("acme")
     text = metrics.render().decode()
     for name in (
@@ -60,22 +63,30 @@ def test_request_metrics_rendered() -> None:
 
 def test_engine_gauges() -> None:
     metrics = Metrics()
-    stats: dict[str, object] = {
-        "num_running": 4,
-        "num_waiting": 7,
-        "num_swapped": 1,
-        "num_waiting_tokens": 900,
-        "kv_blocks_used": 30,
-        "kv_blocks_total": 120,
-        "loaded_adapters_gpu": ["a", "b"],
-        "loaded_adapters_cpu": 5,
-        "num_preemptions": {"swap": 3, "recompute": 1},
-        "prefix_cache_hit_rate": 0.4,
-        "throughput_tokens_per_s": 512.5,
-        "num_adapter_loads": 6,
-        "num_adapter_evictions": 2,
-        "not_a_number": "x",
-    }
+    lora = LoRAStats(
+        num_registered=6,
+        resident=(
+            ResidentAdapter(1, "a", "gpu"),
+            ResidentAdapter(2, "b", "gpu"),
+            *(ResidentAdapter(i, f"c{i}", "cpu") for i in range(3, 8)),
+        ),
+        num_gpu_loads=6,
+        num_gpu_evictions=2,
+    )
+    stats = EngineStats(
+        num_running=4,
+        num_waiting=7,
+        num_swapped=1,
+        num_waiting_tokens=900,
+        kv_blocks_used=30,
+        kv_blocks_total=120,
+        num_preemptions_swap=3,
+        num_preemptions_recompute=1,
+        prefix_cache_queried_tokens=100,
+        prefix_cache_hit_tokens=40,
+        throughput_tokens_per_s=512.5,
+        lora=lora,
+    )
     metrics.update_engine_gauges(stats)
     assert _value(metrics, "loraplex_engine_num_requests_running") == 4
     assert _value(metrics, "loraplex_engine_num_requests_waiting") == 7
@@ -93,8 +104,11 @@ def test_engine_gauges() -> None:
     assert _value(metrics, "loraplex_engine_adapter_events_total", event="load") == 6
 
     # Cumulative counts advance by their increase; a drop means an engine restart.
-    stats.update(num_preemptions={"swap": 5, "recompute": 1}, num_adapter_loads=2)
-    stats["loaded_adapters_gpu"] = ["b"]
+    stats = replace(
+        stats,
+        num_preemptions_swap=5,
+        lora=replace(lora, num_gpu_loads=2, resident=(ResidentAdapter(2, "b", "gpu"),)),
+    )
     metrics.update_engine_gauges(stats)
     assert _value(metrics, "loraplex_engine_preemptions_total", mode="swap") == 5
     assert _value(metrics, "loraplex_engine_preemptions_total", mode="recompute") == 1
@@ -103,12 +117,12 @@ def test_engine_gauges() -> None:
     assert _value(metrics, "loraplex_engine_adapter_resident", adapter="b", tier="gpu") == 1
 
 
-def test_kv_usage_from_stats_wins_and_int_preemptions() -> None:
+def test_adapter_loads_feed_the_histogram() -> None:
     metrics = Metrics()
-    metrics.update_engine_gauges({"kv_usage": 0.9, "kv_blocks_used": 1, "kv_blocks_total": 10})
-    metrics.update_engine_gauges({"num_preemptions": 4})
-    assert _value(metrics, "loraplex_engine_kv_usage_ratio") == 0.9
-    assert _value(metrics, "loraplex_engine_preemptions_total", mode="all") == 4
+    metrics.observe_adapter_load(AdapterLoad("support", "cpu", 0.3))
+    labels = {"adapter": "support", "tier": "cpu"}
+    assert _value(metrics, "loraplex_adapter_load_seconds_count", **labels) == 1
+    assert _value(metrics, "loraplex_adapter_load_seconds_sum", **labels) == 0.3
 
 
 def test_two_apps_have_separate_registries() -> None:

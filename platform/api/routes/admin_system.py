@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
@@ -11,7 +11,7 @@ from loraplex.platform import crud
 from loraplex.platform.api.deps import AdminDep, SessionDep, StateDep, get_admin
 from loraplex.platform.crud.usage import GroupBy
 from loraplex.platform.errors import InvalidRequestError
-from loraplex.platform.schemas import UsagePublic
+from loraplex.platform.schemas import EngineStatePublic, UsagePublic
 
 router = APIRouter(prefix="/admin/v1", tags=["admin"], dependencies=[Depends(get_admin)])
 
@@ -34,12 +34,18 @@ def read_usage(
     return UsagePublic(data=rows)
 
 
-@router.get("/engine")
-def read_engine(state: StateDep, admin: AdminDep) -> dict[str, Any]:
+@router.get("/engine", response_model=EngineStatePublic)
+def read_engine(state: StateDep, admin: AdminDep) -> EngineStatePublic:
     """Running / waiting / swapped requests, KV blocks, loaded adapters, preemptions."""
-    return {
-        "model": state.engine.model_name,
-        "max_model_len": state.engine.max_model_len,
-        "ratelimit_backend": state.limiter.backend,
-        **state.engine.get_stats(),
-    }
+    stats = state.engine.get_stats()
+    return EngineStatePublic(
+        model=state.engine.model_name,
+        max_model_len=state.engine.max_model_len,
+        ratelimit_backend=state.limiter.backend,
+        num_inflight_requests=state.engine.num_inflight,
+        draining=state.engine.is_draining,
+        kv_usage=stats.kv_usage,
+        num_preemptions=stats.num_preemptions,
+        prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
+        stats=stats,
+    )

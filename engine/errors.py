@@ -1,0 +1,32 @@
+"""Every error the engine raises on purpose, in one place.
+
+Clients cause the `ValueError`s (bad parameters, a prompt that can never fit, an unusable
+adapter); the platform maps each to one HTTP status in `platform/api/errors.py`.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """An engine option is out of range or inconsistent."""
+
+
+class InvalidParameterError(ValueError):
+    """A request parameter a client chose is invalid; `param` names it."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.message = message
+        self.param = param
+
+
+class RequestTooLongError(InvalidParameterError):
+    """The prompt (plus at least one generated token) can never fit the context or KV pool."""
+
+
+class InvalidAdapterError(ValueError):
+    """The adapter directory, its config or its weights are unusable; the message says why."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped; no request can be served."""
