@@ -7,11 +7,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from loraplex.engine.errors import ConfigError
 
-_DTYPES = ("auto", "float32", "float16", "bfloat16")
-_DEVICES = ("auto", "cpu", "cuda")
+DType = Literal["auto", "float32", "float16", "bfloat16"]
+Device = Literal["auto", "cpu", "cuda"]
+LoadFormat = Literal["auto", "dummy"]  # auto: the checkpoint's safetensors | dummy: random
+SchedulingPolicy = Literal["fcfs", "priority"]
+PreemptionMode = Literal["swap", "recompute"]
 
 
 def _require(ok: bool, message: str) -> None:
@@ -19,20 +23,26 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _require_choice(value: object, choices: object, name: str) -> None:
+    """Literal fields are checked at run time too: the keywords come from users."""
+    allowed = get_args(choices)
+    _require(value in allowed, f"{name} must be one of {' | '.join(allowed)}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model: str
-    dtype: str = "auto"
-    device: str = "auto"
+    dtype: DType = "auto"
+    device: Device = "auto"
     max_model_len: int | None = None
     seed: int = 0
-    load_format: str = "auto"  # auto: the checkpoint's safetensors | dummy: random weights
+    load_format: LoadFormat = "auto"
     enforce_eager: bool = False  # True: no CUDA graphs
 
     def __post_init__(self) -> None:
-        _require(self.load_format in ("auto", "dummy"), "load_format must be auto | dummy")
-        _require(self.dtype in _DTYPES, f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        _require(self.device in _DEVICES, f"device must be one of {_DEVICES}, got {self.device!r}")
+        _require_choice(self.load_format, LoadFormat, "load_format")
+        _require_choice(self.dtype, DType, "dtype")
+        _require_choice(self.device, Device, "device")
         _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be > 0")
 
 
@@ -62,16 +72,14 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    scheduling_policy: str = "priority"  # fcfs | priority
-    preemption_mode: str = "swap"  # swap | recompute
+    scheduling_policy: SchedulingPolicy = "priority"
+    preemption_mode: PreemptionMode = "swap"
 
     def __post_init__(self) -> None:
         _require(self.max_num_seqs > 0, "max_num_seqs must be > 0")
         _require(self.max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0")
-        _require(
-            self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy: fcfs | priority"
-        )
-        _require(self.preemption_mode in ("swap", "recompute"), "preemption_mode: swap | recompute")
+        _require_choice(self.scheduling_policy, SchedulingPolicy, "scheduling_policy")
+        _require_choice(self.preemption_mode, PreemptionMode, "preemption_mode")
 
 
 @dataclass(frozen=True)

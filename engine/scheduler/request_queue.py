@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from loraplex.engine.config import SchedulingPolicy
 from loraplex.engine.request import Request
 
 
@@ -19,7 +20,9 @@ class WaitingQueue:
     key's share so far (`fair_share`, lower first), then by arrival.
     """
 
-    def __init__(self, policy: str, fair_share: Callable[[str], float] | None = None) -> None:
+    def __init__(
+        self, policy: SchedulingPolicy, fair_share: Callable[[str], float] | None = None
+    ) -> None:
         self.policy = policy
         self.fair_share = fair_share
         self._requests: list[Request] = []

@@ -173,4 +173,3 @@ async def test_usage_report_and_engine_state(server: Platform) -> None:
     assert stats["num_running"] == 0 and stats["num_waiting"] == 0
     assert stats["num_generated_tokens"] > 0 and stats["kv_blocks_total"] > 0
     assert stats["lora"]["num_registered"] >= 0
-    assert engine["model"] == server.model_name and engine["kv_blocks_total"] > 0

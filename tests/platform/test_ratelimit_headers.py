@@ -72,9 +72,9 @@ def test_allowed_decision_has_no_retry_after() -> None:
 
 def test_backpressure_below_bounds() -> None:
     gate = BackpressureGate(max_waiting_requests=10, max_waiting_tokens=1000)
-    assert gate.check({"num_waiting": 9, "num_waiting_tokens": 999}) is None
-    assert gate.check({}) is None
-    assert BackpressureGate(None, None).check({"num_waiting": 10**6}) is None
+    assert gate.check(EngineStats(num_waiting=9, num_waiting_tokens=999)) is None
+    assert gate.check(EngineStats()) is None
+    assert BackpressureGate(None, None).check(EngineStats(num_waiting=10**6)) is None
 
 
 def test_backpressure_request_bound() -> None:
