@@ -108,15 +108,15 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not running")
         if isinstance(prompt, str):
             # Tokenize off the event loop: a long prompt must not stall other clients.
-            prompt = {
-                "prompt": prompt,
-                "prompt_token_ids": await asyncio.to_thread(self.tokenizer.encode, prompt),
-            }
+            text, token_ids = await asyncio.to_thread(self.engine.tokenize_prompt, prompt)
+            prompt = {"prompt": text, "prompt_token_ids": token_ids}
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         added: asyncio.Future[None] = loop.create_future()
+        accepted = False  # set in the engine thread once the engine holds the request
 
         def add() -> None:
+            nonlocal accepted
             try:
                 self.engine.add_request(
                     request_id,
@@ -127,15 +127,23 @@ class AsyncEngine:
                     fairness_key,
                     cache_salt,
                 )
-                self._streams[request_id] = stream
-                loop.call_soon_threadsafe(_resolve, added, None)
             except Exception as exc:  # handed to the caller, who raises it
-                loop.call_soon_threadsafe(_resolve, added, exc)
+                loop.call_soon_threadsafe(_settle, added, None, exc)
+                return
+            accepted = True
+            self._streams[request_id] = stream
+            loop.call_soon_threadsafe(_settle, added, None, None)
 
-        self._submit(add)
-        await added
+        def abort_if_accepted() -> None:
+            if accepted:  # never abort another request that happens to hold this id
+                self._abort(request_id)
+
         finished = False
         try:
+            # Inside the try: a caller cancelled while the add is queued (a client that hung
+            # up at once) still aborts the request, which the engine thread adds first.
+            self._submit(add)
+            await added
             while not finished:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -144,7 +152,7 @@ class AsyncEngine:
                 yield item
         finally:
             if not finished:
-                self._submit(lambda: self._abort(request_id))
+                self._submit(abort_if_accepted)
 
     async def abort(self, request_id: str) -> None:
         self._submit(lambda: self._abort(request_id))
@@ -239,10 +247,6 @@ class AsyncEngine:
     def _abort_all(self) -> None:
         for request_id in list(self._streams):
             self._abort(request_id)
-
-
-def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
-    _settle(future, None, error)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -71,3 +71,31 @@ async def test_bad_request_raises_before_output_and_engine_lives(checkpoint):
         assert outs[-1].finished
     finally:
         await engine.shutdown()
+
+
+async def test_cancelled_before_admission_is_aborted(checkpoint):
+    """A caller cancelled while its request is still being added (a client that hangs up at
+    once) must not leave the request running unseen."""
+    engine = await started(checkpoint)
+    try:
+        params = SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
+
+        async def consume(i: int) -> None:
+            async for _ in engine.generate({"prompt_token_ids": [1, 2, 3]}, params, f"c{i}"):
+                pass
+
+        tasks = [asyncio.create_task(consume(i)) for i in range(10)]
+        await asyncio.sleep(0)  # each task is now waiting for its add
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # Commands run in order: once a later request is done, the adds (and aborts) are too.
+        later = [o async for o in engine.generate("ok", SamplingParams(max_tokens=2), "later")]
+        assert later[-1].finished
+        assert not engine.engine.has_unfinished_requests()
+        assert (
+            engine.engine.kv_cache_manager.num_free_blocks
+            == engine.engine.kv_cache_manager.num_blocks
+        )
+    finally:
+        await engine.shutdown()
