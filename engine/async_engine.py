@@ -149,6 +149,8 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
+                if item.error is not None:
+                    raise item.error
                 yield item
         finally:
             if not finished:

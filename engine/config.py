@@ -85,14 +85,19 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class LoRAConfig:
     enable_lora: bool = True
-    max_loras: int = 8
+    # Most distinct adapters in one step (vLLM's max_loras); None: no cap but max_num_seqs.
+    # Residency is not capped by it: adapters stay on the GPU, in the KV cache's blocks, as
+    # long as memory allows (engine/lora/adapter_pool.py).
+    max_loras: int | None = None
     max_lora_rank: int = 64
-    max_cpu_loras: int = 64
+    max_cpu_loras: int = 64  # packed adapters kept in host memory (LRU)
+    max_gpu_loras: int = 2048  # adapters resident on the GPU at once (rows of its tables)
 
     def __post_init__(self) -> None:
-        _require(self.max_loras > 0, "max_loras must be > 0")
+        _require(self.max_loras is None or self.max_loras > 0, "max_loras must be > 0 or None")
         _require(0 < self.max_lora_rank <= 512, "max_lora_rank must be in (0, 512]")
-        _require(self.max_cpu_loras >= self.max_loras, "max_cpu_loras must be >= max_loras")
+        _require(self.max_cpu_loras > 0, "max_cpu_loras must be > 0")
+        _require(self.max_gpu_loras > 0, "max_gpu_loras must be > 0")
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,12 @@ from typing import Any
 
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.engine_args import create_engine_config
-from loraplex.engine.errors import InvalidParameterError
+from loraplex.engine.errors import InvalidAdapterError, InvalidParameterError
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.kv_cache.kv_cache_manager import cdiv
+from loraplex.engine.lora.adapter import lora_module_shapes
+from loraplex.engine.lora.lora_manager import LoRAManager
+from loraplex.engine.lora.page_layout import max_adapter_pages
 from loraplex.engine.output_processor import OutputProcessor
 from loraplex.engine.request import (
     LoRARequest,
@@ -29,6 +32,8 @@ from loraplex.engine.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 PromptType = str | list[int] | dict[str, Any]
+# A step that schedules nothing (every request waits for its adapter) sleeps this long.
+EMPTY_STEP_WAIT_S = 0.001
 
 
 class LLMEngine:
@@ -39,23 +44,33 @@ class LLMEngine:
         arch, block_size = self.runner.arch, config.cache.block_size
         max_model_len = config.model.max_model_len or arch.max_position_embeddings
         max_model_len = min(max_model_len, arch.max_position_embeddings)
-        max_useful_blocks = config.scheduler.max_num_seqs * cdiv(max_model_len, block_size)
-        num_blocks = self.runner.determine_num_blocks(max_useful_blocks)
+        max_kv_blocks = config.scheduler.max_num_seqs * cdiv(max_model_len, block_size)
+        num_blocks = self.runner.determine_num_blocks(max_kv_blocks + self._max_lora_blocks())
         self.runner.initialize_kv_cache(num_blocks)
-        num_cpu_blocks = self.runner.num_swap_blocks(max_useful_blocks)
+        num_cpu_blocks = self.runner.num_swap_blocks(max_kv_blocks)
         self.runner.initialize_swap_space(num_cpu_blocks)
         # A lone request must always fit the pool, so nothing can wait for blocks forever.
         self.max_model_len = min(max_model_len, num_blocks * block_size)
         self.kv_cache_manager = KVCacheManager(
             num_blocks, block_size, config.cache.enable_prefix_caching, num_cpu_blocks
         )
-        self.lora_manager = self.runner.lora_manager
-        self.runner.capture_cuda_graphs(self.max_model_len)
+        self.lora_manager: LoRAManager | None = None
+        if config.lora.enable_lora:
+            self.lora_manager = LoRAManager(
+                config.lora,
+                arch,
+                self.runner.dtype,
+                self.kv_cache_manager,
+                self.runner.kv_pages,
+                max_batch_loras=config.lora.max_loras or config.scheduler.max_num_seqs,
+            )
+        self.runner.capture_cuda_graphs(self.max_model_len, self.lora_manager)
         self.scheduler = Scheduler(
             config.scheduler,
             self.kv_cache_manager,
             self.max_model_len,
             max_loras=config.lora.max_loras if config.lora.enable_lora else None,
+            adapter_gate=self.lora_manager,
             on_finish=self._on_request_finished,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -66,6 +81,18 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, model: str, **kwargs: Any) -> LLMEngine:
         return cls(create_engine_config(model, **kwargs))
+
+    def _max_lora_blocks(self) -> int:
+        """KV blocks adapters could ever use (pages of max_gpu_loras largest adapters; the CPU
+        cache's worth on the CPU, where the pool is host memory)."""
+        lora = self.config.lora
+        if not lora.enable_lora:
+            return 0
+        arch = self.runner.arch
+        page_size = 2 * self.config.cache.block_size * arch.num_key_value_heads * arch.head_dim
+        pages = max_adapter_pages(lora.max_lora_rank, lora_module_shapes(arch), page_size)
+        count = lora.max_gpu_loras if self.runner.device.type == "cuda" else lora.max_cpu_loras
+        return count * pages
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -164,9 +191,19 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        failed_loads: list[RequestOutput] = []
+        if self.lora_manager is not None:
+            failures = self.lora_manager.poll(self.scheduler.waiting, len(self.scheduler.running))
+            failed_loads = self._fail_adapter_requests(failures)
         scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            # Requests are waiting for their adapters' loads: let the loader threads work.
+            time.sleep(EMPTY_STEP_WAIT_S)
         try:
-            runner_output = self.runner.execute(scheduler_output)
+            lora = None
+            if self.lora_manager is not None:
+                lora = self.lora_manager.prepare(scheduler_output.scheduled)
+            runner_output = self.runner.execute(scheduler_output, lora)
         except Exception:
             # One failed step (e.g. out of memory) fails the requests in it, not the engine.
             logger.exception(
@@ -181,19 +218,36 @@ class LLMEngine:
         self.num_generated_tokens += len(runner_output.sampled_token_ids)
         self._throughput.add(len(runner_output.sampled_token_ids))
         self.num_steps += 1
-        return outputs
+        return failed_loads + outputs
+
+    def _fail_adapter_requests(self, failures: dict[str, str]) -> list[RequestOutput]:
+        """End the waiting requests whose adapter failed to load (nobody else is affected)."""
+        failed = []
+        for request in self.scheduler.waiting:
+            lora = request.lora_request
+            if lora is not None and lora.content_hash in failures:
+                request.error = InvalidAdapterError(
+                    f"adapter {lora.lora_name!r} failed to load: {failures[lora.content_hash]}"
+                )
+                failed.append(request.request_id)
+        if not failed:
+            return []
+        self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
+        return self.output_processor.finish(failed, "error")
 
     def get_stats(self) -> EngineStats:
         """A snapshot of the engine's counters and gauges (see engine/stats.py)."""
         scheduler, kv = self.scheduler, self.kv_cache_manager
         swap, block_bytes = kv.swap_space, self.runner.kv_bytes_per_block
+        adapter_blocks = sum(len(blocks) for blocks in kv.adapter_blocks.values())
         return EngineStats(
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
             num_swapped=scheduler.num_swapped,
             num_waiting_tokens=scheduler.num_waiting_tokens,
             kv_blocks_total=kv.num_blocks,
-            kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
+            kv_blocks_used=kv.num_blocks - kv.num_free_blocks - adapter_blocks,
+            kv_blocks_adapters=adapter_blocks,
             kv_blocks_cached=kv.block_pool.num_cached_blocks,
             kv_cpu_blocks_total=swap.num_cpu_blocks,
             kv_cpu_blocks_used=swap.num_cpu_blocks - swap.num_free_blocks,

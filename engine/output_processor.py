@@ -140,6 +140,7 @@ class OutputProcessor:
             outputs=outputs,
             finished=finished,
             num_cached_tokens=user.completions[0].request.num_cached_tokens,
+            error=next((c.request.error for c in user.completions if c.request.error), None),
         )
 
     @staticmethod

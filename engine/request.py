@@ -186,7 +186,8 @@ class Request:
     num_cached_tokens: int = 0
     # n > 1: the sibling whose prompt blocks this request shares once its prefill is done.
     fork_parent_id: str | None = None
-    error: str | None = None
+    # Why it ended with FINISHED_ERROR, when the engine knows (e.g. its adapter failed to load).
+    error: Exception | None = None
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -244,4 +245,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
+    # Set when the request failed for a known reason (AsyncEngine raises it to the caller).
+    error: Exception | None = None

@@ -36,12 +36,11 @@ class ResidentAdapter:
 class LoRAStats:
     num_registered: int = 0
     resident: tuple[ResidentAdapter, ...] = ()
-    num_gpu_loads: int = 0
+    num_gpu_loads: int = 0  # uploads into GPU pages
     num_gpu_evictions: int = 0
-    num_gpu_hits: int = 0
-    num_cpu_loads: int = 0
+    num_cpu_loads: int = 0  # reads from disk into the CPU cache
     num_cpu_evictions: int = 0
-    num_cpu_hits: int = 0
+    num_load_failures: int = 0
 
     def num_resident(self, tier: AdapterTier) -> int:
         return sum(1 for r in self.resident if r.tier == tier)
@@ -56,7 +55,8 @@ class EngineStats:
     num_waiting_tokens: int = 0  # prompt (and recomputed) tokens still to prefill
     # KV cache (GPU pool, CPU swap pool).
     kv_blocks_total: int = 0
-    kv_blocks_used: int = 0
+    kv_blocks_used: int = 0  # held by requests
+    kv_blocks_adapters: int = 0  # holding the weights of adapters resident on the GPU
     kv_blocks_cached: int = 0  # free but holding reusable prefix blocks
     kv_cpu_blocks_total: int = 0
     kv_cpu_blocks_used: int = 0

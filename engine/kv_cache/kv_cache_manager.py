@@ -1,9 +1,14 @@
 """KVCacheManager: which blocks each request holds, and prefix-cache lookups.
 
-Pure Python: it hands out block ids; the model runner owns the tensors they index.
+Pure Python: it hands out block ids; the model runner owns the tensors they index. Blocks also
+hold the weights of adapters resident on the GPU (engine/lora/page_layout.py): one pool for
+both, as in S-LoRA. When requests are short of blocks, adapters nobody is running give theirs
+back first (`reclaim`), before anyone is preempted.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from loraplex.engine.kv_cache.block_hash import hash_block_extra, hash_request_blocks
 from loraplex.engine.kv_cache.block_pool import BlockPool, KVCacheBlock
@@ -34,6 +39,10 @@ class KVCacheManager:
         # Prefix-cache statistics, in tokens.
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
+        # Blocks holding the weights of adapters resident on the GPU, by adapter key.
+        self.adapter_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Asked for `n` blocks when requests are short: frees idle adapters' blocks (LoRA).
+        self.reclaim: Callable[[int], None] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -46,6 +55,13 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         return self.block_pool.usage
+
+    def has_free_blocks(self, num_blocks: int) -> bool:
+        """True if `num_blocks` can be handed out, after reclaiming idle adapters' blocks."""
+        free = self.block_pool.num_free_blocks
+        if num_blocks > free and self.reclaim is not None:
+            self.reclaim(num_blocks - free)
+        return num_blocks <= self.block_pool.num_free_blocks
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
@@ -82,7 +98,8 @@ class KVCacheManager:
         """Make room for `num_new_tokens` more tokens after the computed ones.
 
         `computed_blocks` (prefix-cache hits, first allocation only) are taken by reference.
-        Returns False, changing nothing, when the pool is short of blocks.
+        Returns False, changing nothing but idle adapters' residency (reclaimed first), when
+        the pool is short of blocks.
         """
         computed_blocks = computed_blocks or []
         held = self.req_to_blocks.get(request.request_id, [])
@@ -93,7 +110,7 @@ class KVCacheManager:
         first_written = num_computed // self.block_size
         shared = [i for i in range(first_written, len(held)) if held[i].ref_cnt > 1]
         num_evictable_hits = sum(1 for block in computed_blocks if block.ref_cnt == 0)
-        if num_to_allocate + len(shared) > self.block_pool.num_free_blocks - num_evictable_hits:
+        if not self.has_free_blocks(num_to_allocate + len(shared) + num_evictable_hits):
             return False
         self.block_pool.touch(computed_blocks)
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
@@ -154,12 +171,25 @@ class KVCacheManager:
         """Bring a swapped request back: (cpu, gpu) pairs to copy, or None when GPU blocks
         are short. Room for its next tokens is allocated separately (allocate_slots)."""
         cpu_ids = self.swap_space.held(request.request_id)
-        if len(cpu_ids) > self.block_pool.num_free_blocks:
+        if not self.has_free_blocks(len(cpu_ids)):
             return None
         blocks = self.block_pool.get_new_blocks(len(cpu_ids))
         self.req_to_blocks[request.request_id] = blocks
         self.swap_space.release(request.request_id, swapped_in=True)
         return [(cpu_id, block.block_id) for cpu_id, block in zip(cpu_ids, blocks, strict=True)]
+
+    def allocate_adapter_blocks(self, key: str, num_blocks: int) -> list[int] | None:
+        """Blocks for an adapter's pages, or None (changing nothing) when the pool is short.
+        Never reclaims: the caller decides which adapters to evict."""
+        assert key not in self.adapter_blocks, f"adapter {key[:12]} already holds blocks"
+        if num_blocks > self.block_pool.num_free_blocks:
+            return None
+        blocks = self.block_pool.get_new_blocks(num_blocks)
+        self.adapter_blocks[key] = blocks
+        return [block.block_id for block in blocks]
+
+    def free_adapter_blocks(self, key: str) -> None:
+        self.block_pool.free_blocks(self.adapter_blocks.pop(key))
 
     def _block_hashes(self, request: Request) -> list[bytes]:
         known = self._req_to_hashes.get(request.request_id)
@@ -189,9 +219,9 @@ class KVCacheManager:
         self.block_pool.check_integrity()
         self.swap_space.check_integrity()
         holders: dict[int, int] = {}
-        for blocks in self.req_to_blocks.values():
+        for blocks in [*self.req_to_blocks.values(), *self.adapter_blocks.values()]:
             ids = [block.block_id for block in blocks]
-            assert len(ids) == len(set(ids)), f"a request holds a block twice: {ids}"
+            assert len(ids) == len(set(ids)), f"a request or adapter holds a block twice: {ids}"
             for block_id in ids:
                 holders[block_id] = holders.get(block_id, 0) + 1
         for block in self.block_pool.blocks:

@@ -64,7 +64,8 @@ class ArchLike(Protocol):
 @dataclass(frozen=True)
 class LoRAAdapter:
     """A validated adapter: `weights[(layer_idx, module)] = (A [r, in_dim], B [out_dim, r])`,
-    float32 on the CPU. The delta of a module is `scaling * x @ A.T @ B.T`."""
+    on the CPU in the file's dtype (fp32, fp16 or bf16). The delta of a module is
+    `scaling * x @ A.T @ B.T`."""
 
     rank: int
     lora_alpha: float
@@ -76,11 +77,6 @@ class LoRAAdapter:
     content_hash: str
     size_bytes: int  # adapter_config.json + adapter_model.safetensors on disk
     base_model_name_or_path: str | None  # informational only
-
-    @property
-    def num_weight_bytes(self) -> int:
-        """Bytes the float32 A/B tensors occupy in memory."""
-        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
 
 
 def lora_module_shapes(arch: ArchLike) -> dict[str, tuple[int, int]]:
@@ -194,12 +190,18 @@ def _content_hash(config: LoRAAdapterConfig, weights_bytes: bytes) -> str:
     return h.hexdigest()
 
 
-def load_lora_adapter(path: str | Path, arch: ArchLike, max_lora_rank: int) -> LoRAAdapter:
+def load_lora_adapter(
+    path: str | Path, arch: ArchLike, max_lora_rank: int, content_hash: str | None = None
+) -> LoRAAdapter:
     """Read, validate and load a PEFT LoRA directory for the base model `arch`.
 
     Raises `InvalidAdapterError` (a `ValueError`) naming the problem for anything a client can
     get wrong: missing or pickle files, a bad config, a malformed safetensors file, unexpected
     tensor names, shapes that do not fit `arch`, a rank above `max_lora_rank`, NaN/Inf values.
+
+    `content_hash`: the hash computed when the adapter was registered (the platform stores
+    adapters content-addressed). It is kept, not recomputed: hashing is the slowest part of a
+    load, and every other check still runs on the bytes read now.
     """
     config_bytes, weights_bytes = _read_files(Path(path))
     config = parse_adapter_config(config_bytes, max_lora_rank)
@@ -212,7 +214,7 @@ def load_lora_adapter(path: str | Path, arch: ArchLike, max_lora_rank: int) -> L
     weights: dict[LayerModule, tuple[torch.Tensor, torch.Tensor]] = {}
     for layer in range(arch.num_hidden_layers):
         for module in config.target_modules:
-            a, b = (raw[index[(layer, module, side)]].float().contiguous() for side in "AB")
+            a, b = (raw[index[(layer, module, side)]].contiguous() for side in "AB")
             for side, t in (("A", a), ("B", b)):
                 if not torch.isfinite(t).all():
                     raise InvalidAdapterError(
@@ -227,7 +229,7 @@ def load_lora_adapter(path: str | Path, arch: ArchLike, max_lora_rank: int) -> L
         scaling=config.scaling,
         target_modules=config.target_modules,
         weights=weights,
-        content_hash=_content_hash(config, weights_bytes),
+        content_hash=content_hash or _content_hash(config, weights_bytes),
         size_bytes=len(config_bytes) + len(weights_bytes),
         base_model_name_or_path=config.base_model_name_or_path,
     )

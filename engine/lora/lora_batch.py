@@ -3,21 +3,23 @@
 The model's `MergedLinear` layers call `begin(x)` before their base GEMM and `finish(y)` after it.
 All slices of the call (q/k/v of qkv_proj, gate/up of gate_up_proj) share x, so they take one
 shrink launch into an fp32 [num_slices, num_tokens, max_rank] buffer and one expand launch that
-adds every slice's scaled delta into its columns of y: two launches per projection.
+adds every slice's scaled delta into its columns of y: two launches per projection. The kernels
+read each adapter's weights from its pages in the KV cache (engine/lora/page_layout.py), through
+the pool's tables and this step's `slot_adapters` (batch slot -> resident id).
 
 Slices no adapter of the step targets (outside `modules`) are skipped by launching over the
 contiguous range of slices that some adapter targets (a slice inside that range that nobody
-targets has rank 0 in every busy slot, and its programs exit at once). The CUDA-graph batch
-passes every module, so the captured launches always cover every slice.
+targets has rank 0 for every adapter of the step, and its programs exit at once). The
+CUDA-graph batch passes every module, so the captured launches always cover every slice.
 
-Shrink buffers: steps of up to `LoRASlots.max_workspace_tokens` tokens shrink into their own
-region of LoRASlots' step workspace, which one memset zeroes at the step's first launch (the
-first adapted projection of the forward: the same one in every forward of this batch, warm-up,
-capture and replay alike). Larger steps (prefill) take a zeroed buffer per launch.
+Shrink buffers: steps of up to `LoRAWorkspace.max_tokens` tokens shrink into their own region of
+the step workspace, which one memset zeroes at the step's first launch (the first adapted
+projection of the forward: the same one in every forward of this batch, warm-up, capture and
+replay alike). Larger steps (prefill) take a zeroed buffer per launch.
 
-Overlap: for decode-sized steps on CUDA, `begin` runs the shrink on LoRASlots' side stream, beside
-the base GEMM (which only reads x too). A prefill GEMM already fills the GPU, so larger steps
-stay on the main stream.
+Overlap: for decode-sized steps on CUDA, `begin` runs the shrink on the workspace's side stream,
+beside the base GEMM (which only reads x too). A prefill GEMM already fills the GPU, so larger
+steps stay on the main stream.
 
 Deltas into the residual stream: o_proj's and down_proj's outputs are only ever added to the
 residual stream (by the next fused_add_rms_norm), so `begin(..., delta_into=residual)` expands
@@ -31,24 +33,61 @@ LoRA then waits for the GEMM, which hides it whole on decode steps; `finish` onl
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from loraplex.engine.lora.lora_slots import LoRASlots
+from loraplex.engine.lora.adapter_pool import AdapterPool
+from loraplex.engine.lora.page_layout import NUM_SLICES, SLICES
 from loraplex.kernels import lora_expand, lora_shrink
 
 # Steps of at most this many tokens shrink on the side stream (CUDA only).
 OVERLAP_MAX_TOKENS = 64
+# The workspace serves steps of up to this many tokens (the CUDA-graph batch sizes), within
+# a byte cap (a large max_lora_rank allows fewer).
+WORKSPACE_MAX_TOKENS = 512
+WORKSPACE_MAX_BYTES = 64 << 20
+
+
+class LoRAWorkspace:
+    """The fp32 shrink outputs of one step, every layer and slice its own region, zeroed by one
+    memset per step (LoRABatch), for a step of T tokens:
+
+        workspace  [ num_layers x NUM_SLICES x T x max_rank ]
+
+    Allocated once and never moved (CUDA graphs capture its address)."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        max_rank: int,
+        device: torch.device,
+        max_tokens: int = WORKSPACE_MAX_TOKENS,
+    ) -> None:
+        self.num_layers = num_layers
+        self.max_rank = max_rank
+        per_token = num_layers * NUM_SLICES * max_rank
+        self.max_tokens = max(0, min(max_tokens, WORKSPACE_MAX_BYTES // (4 * per_token)))
+        self._buffer = torch.zeros(per_token * self.max_tokens, dtype=torch.float32, device=device)
+        self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def for_step(self, num_tokens: int) -> torch.Tensor | None:
+        """[num_layers, NUM_SLICES, num_tokens, max_rank] float32, contiguous; None if the step
+        is too large."""
+        if num_tokens > self.max_tokens:
+            return None
+        shape = (self.num_layers, NUM_SLICES, num_tokens, self.max_rank)
+        return self._buffer[: math.prod(shape)].view(shape)
 
 
 @dataclass(frozen=True)
 class LoRAShrunk:
     """A projection's shrink output, waiting for its expand (`LoRABatch.begin` -> `finish`)."""
 
+    layer_idx: int
     lora_out: torch.Tensor  # [num_slices, num_tokens, max_rank] float32
-    lora_b: torch.Tensor  # [max_loras, sum(slice_sizes), max_rank]
-    ranks: torch.Tensor  # [num_slices, max_loras] int32
+    slices: slice  # the launch's slices, as indices into SLICES
     y_offset: int
     slice_sizes: tuple[int, ...]
     ready: torch.cuda.Event | None  # recorded after the side stream's launches
@@ -57,15 +96,17 @@ class LoRAShrunk:
 
 @dataclass
 class LoRABatch:
-    slots: LoRASlots
+    pool: AdapterPool
+    workspace: LoRAWorkspace
     sorted_token_ids: torch.Tensor  # [num_tokens] int32
-    slot_start_loc: torch.Tensor  # [max_loras + 1] int32
+    slot_start_loc: torch.Tensor  # [max_batch_loras + 1] int32
+    slot_adapters: torch.Tensor  # [max_batch_loras] int32: batch slot -> resident id
     modules: set[str]  # modules some adapter of this step targets
-    _workspace: torch.Tensor | None = field(default=None, init=False, repr=False)
-    _first_launch: tuple[int, tuple[str, ...]] | None = field(default=None, init=False, repr=False)
+    _buffer: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _first_launch: tuple[int, str] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._workspace = self.slots.step_workspace(self.sorted_token_ids.shape[0])
+        self._buffer = self.workspace.for_step(self.sorted_token_ids.shape[0])
 
     def begin(
         self,
@@ -83,28 +124,37 @@ class LoRABatch:
         used = [i for i, name in enumerate(slice_names) if name in self.modules]
         if not used:
             return None
-        group = self.slots.groups[slice_names]
-        assert group.slice_sizes == slice_sizes, f"{slice_names}: {slice_sizes} != slots'"
         assert delta_into is None or delta_into.shape == (x.shape[0], sum(slice_sizes))
         lo, hi = used[0], used[-1] + 1
-        col_lo, col_hi = sum(slice_sizes[:lo]), sum(slice_sizes[:hi])
-        lora_a = group.lora_a[layer_idx, :, lo:hi]  # [max_loras, slices, max_rank, in_dim]
+        first = SLICES.index(slice_names[0])
+        slices = slice(first + lo, first + hi)
         shrunk = LoRAShrunk(
-            lora_out=self._shrink_buffer(layer_idx, group.first_slice, slice_names, lo, hi, x),
-            lora_b=group.lora_b[layer_idx, :, col_lo:col_hi],  # [max_loras, cols, max_rank]
-            ranks=group.ranks[lo:hi],  # [slices, max_loras]
-            y_offset=col_lo,
+            layer_idx=layer_idx,
+            lora_out=self._shrink_buffer(layer_idx, slice_names[0], slices, x),
+            slices=slices,
+            y_offset=sum(slice_sizes[:lo]),
             slice_sizes=slice_sizes[lo:hi],
             ready=None,
             expanded=delta_into is not None,
         )
         overlap = x.is_cuda and x.shape[0] <= OVERLAP_MAX_TOKENS
-        side = self.slots.side_stream if overlap else None
+        side = self.workspace.side_stream if overlap else None
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(x.device))  # x and the memset are ready
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            mapping = (self.sorted_token_ids, self.slot_start_loc, shrunk.ranks)
-            lora_shrink(x, lora_a, *mapping, shrunk.lora_out, zero_out=False)
+            pool = self.pool
+            lora_shrink(
+                x,
+                pool.pages[layer_idx],
+                pool.page_table,
+                pool.first_a[slices],
+                pool.ranks[slices],
+                self.slot_adapters,
+                self.sorted_token_ids,
+                self.slot_start_loc,
+                shrunk.lora_out,
+                zero_out=False,
+            )
             if delta_into is not None:
                 self._expand(shrunk, delta_into)
             ready = side.record_event() if side is not None else None
@@ -121,32 +171,30 @@ class LoRABatch:
             self._expand(shrunk, y)
 
     def _shrink_buffer(
-        self,
-        layer_idx: int,
-        first_slice: int,
-        slice_names: tuple[str, ...],
-        lo: int,
-        hi: int,
-        x: torch.Tensor,
+        self, layer_idx: int, first_name: str, slices: slice, x: torch.Tensor
     ) -> torch.Tensor:
-        """A zeroed [hi - lo, num_tokens, max_rank] float32 buffer for the shrink to add into."""
-        if self._workspace is None:
-            shape = (hi - lo, x.shape[0], self.slots.max_lora_rank)
+        """A zeroed [num_slices, num_tokens, max_rank] float32 buffer for the shrink."""
+        if self._buffer is None:
+            shape = (slices.stop - slices.start, x.shape[0], self.workspace.max_rank)
             return torch.zeros(shape, dtype=torch.float32, device=x.device)
         if self._first_launch is None:
-            self._first_launch = (layer_idx, slice_names)
-        if self._first_launch == (layer_idx, slice_names):  # a new forward: one memset
-            self._workspace.zero_()
-        return self._workspace[layer_idx, first_slice + lo : first_slice + hi]
+            self._first_launch = (layer_idx, first_name)
+        if self._first_launch == (layer_idx, first_name):  # a new forward: one memset
+            self._buffer.zero_()
+        return self._buffer[layer_idx, slices]
 
     def _expand(self, shrunk: LoRAShrunk, y: torch.Tensor) -> None:
+        pool = self.pool
         lora_expand(
             shrunk.lora_out,
-            shrunk.lora_b,
+            pool.pages[shrunk.layer_idx],
+            pool.page_table,
+            pool.first_b[shrunk.slices],
+            pool.ranks[shrunk.slices],
+            pool.scalings,
+            self.slot_adapters,
             self.sorted_token_ids,
             self.slot_start_loc,
-            shrunk.ranks,
-            self.slots.scalings,
             y,
             shrunk.y_offset,
             shrunk.slice_sizes,

@@ -1,14 +1,20 @@
-"""LoRAManager: adapter residency, disk → CPU cache (LRU) → GPU slot (LRU).
+"""LoRAManager: adapter residency (disk -> CPU cache -> GPU pages) and each step's mapping.
 
 Adapters are keyed internally by their content hash, never by name or id alone: re-adding an
 id with new files gets new weights and new prefix-cache keys (vLLM #42125, #47724).
 
-    add_lora / first use:  validate + load from disk into the CPU cache   (max_cpu_loras, LRU)
-    each step:             the step's adapters take GPU slots            (max_loras, LRU)
+    registered   lora_int_id -> (name, path, content hash); `add_lora` also loads it now
+    CPU cache    packed adapters, LRU (max_cpu_loras), read from disk on worker threads
+    GPU          pages in the KV cache's blocks (AdapterPool): as many as memory allows
 
-An adapter with requests in flight is pinned: it is never evicted from the CPU cache, and its
-GPU slot is never taken while a request of this step uses it. `remove_lora` unregisters the id
-at once (new requests fail) and lets requests in flight finish on the pinned weights.
+Each step `poll(waiting)` moves loads along without ever blocking: finished disk reads enter the
+CPU cache, and the adapters of waiting requests, in queue order, start their uploads. The
+scheduler admits a request only once its adapter is ready on the GPU (`is_ready`), and pins the
+adapter while the request is scheduled (`on_scheduled` / `on_descheduled`). A load that fails
+fails only the requests waiting for that adapter (`poll` returns it).
+
+Requests in flight (queued or running) hold the adapter's registration (`pin` / `unpin`):
+`remove_lora` unregisters the id at once (new requests fail) and lets them finish on its weights.
 """
 
 from __future__ import annotations
@@ -16,37 +22,62 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 
 import torch
 
 from loraplex.engine.config import LoRAConfig
 from loraplex.engine.errors import InvalidAdapterError
-from loraplex.engine.lora.adapter import ArchLike, LoRAAdapter, load_lora_adapter
-from loraplex.engine.lora.lora_batch import LoRABatch
-from loraplex.engine.lora.lora_slots import LoRASlots
-from loraplex.engine.request import LoRARequest
+from loraplex.engine.kv_cache import KVCacheManager
+from loraplex.engine.lora.adapter import ArchLike, lora_module_shapes
+from loraplex.engine.lora.adapter_loader import AdapterLoader, CpuAdapter
+from loraplex.engine.lora.adapter_pool import AdapterPool
+from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
+from loraplex.engine.lora.page_layout import SLICES, max_adapter_pages
+from loraplex.engine.request import LoRARequest, Request
+from loraplex.engine.scheduler.output import ScheduledRequest
 from loraplex.engine.stats import AdapterLoad, AdapterTier, LoRAStats, ResidentAdapter
 from loraplex.kernels import build_lora_mapping
 
 logger = logging.getLogger(__name__)
 
+# How many distinct adapters of the waiting queue (from its head) are prefetched each step.
+PREFETCH_DEPTH = 16
+
 
 class LoRAManager:
     def __init__(
-        self, config: LoRAConfig, arch: ArchLike, dtype: torch.dtype, device: torch.device
+        self,
+        config: LoRAConfig,
+        arch: ArchLike,
+        dtype: torch.dtype,
+        kv_cache_manager: KVCacheManager,
+        pages: torch.Tensor,  # [num_layers, num_blocks, page_size]: the KV cache's memory
+        max_batch_loras: int,
     ) -> None:
         self.config = config
-        self.arch = arch
-        self.device = device
-        self.slots = LoRASlots(arch, config.max_loras, config.max_lora_rank, dtype, device)
+        self.device = pages.device
+        self.max_batch_loras = max_batch_loras
+        page_size = pages.shape[2]
+        self.loader = AdapterLoader(
+            arch, config.max_lora_rank, page_size, dtype, pin_memory=pages.is_cuda
+        )
+        max_pages = max_adapter_pages(config.max_lora_rank, lora_module_shapes(arch), page_size)
+        self.pool = AdapterPool(
+            kv_cache_manager, pages, min(config.max_gpu_loras, pages.shape[1]), max_pages
+        )
+        kv_cache_manager.reclaim = self.pool.reclaim
+        self.workspace = LoRAWorkspace(arch.num_hidden_layers, config.max_lora_rank, self.device)
         self._registered: dict[int, LoRARequest] = {}  # lora_int_id -> request, with hash
-        self._cpu_cache: OrderedDict[str, LoRAAdapter] = OrderedDict()  # LRU, by content hash
-        self._paths: dict[str, str] = {}  # content hash -> path, to reload after eviction
-        self._gpu_slots: OrderedDict[str, int] = OrderedDict()  # LRU, content hash -> slot
-        self._pins: Counter[str] = Counter()  # requests in flight per content hash
-        self._names: dict[str, str] = {}  # content hash -> the name it was last registered as
+        self._sources: dict[str, LoRARequest] = {}  # content hash -> how to load it
+        self._inflight: Counter[str] = Counter()  # requests queued or running, per hash
+        self._cpu: OrderedDict[str, CpuAdapter] = OrderedDict()  # LRU
+        self._loading: dict[str, Future[CpuAdapter]] = {}
+        self._uploading: dict[str, float] = {}  # upload start (perf_counter)
+        self._failed: dict[str, str] = {}  # content hash -> why its load failed
+        self._modules: dict[str, frozenset[str]] = {}  # content hash -> targeted slices
         self.stats: Counter[str] = Counter()
         # Called (in the engine thread) after every adapter load: metrics.
         self.on_adapter_load: Callable[[AdapterLoad], None] | None = None
@@ -54,33 +85,30 @@ class LoRAManager:
     # ---- registry ------------------------------------------------------------------------
 
     def add_lora(self, lora_request: LoRARequest) -> LoRARequest:
-        """Validate and load an adapter; returns the request with its content hash set."""
-        start = time.perf_counter()
-        adapter = load_lora_adapter(lora_request.lora_path, self.arch, self.config.max_lora_rank)
-        if lora_request.content_hash not in (None, adapter.content_hash):
-            # The caller registered other files than those now on disk: refuse, never serve
-            # weights nobody validated under that hash.
-            raise InvalidAdapterError(
-                f"{lora_request.lora_path}: content hash {adapter.content_hash} differs from "
-                f"the registered {lora_request.content_hash}"
-            )
-        self._names[adapter.content_hash] = lora_request.lora_name
-        self._cache_on_cpu(adapter, lora_request.lora_path)
-        self._report_load(adapter.content_hash, "cpu", start)
-        resolved = replace(lora_request, content_hash=adapter.content_hash)
-        self._registered[lora_request.lora_int_id] = resolved
+        """Validate and load an adapter now (into the CPU cache); returns the request with its
+        content hash set. Raises InvalidAdapterError for an unusable adapter."""
+        cpu = self.loader.load(lora_request)
+        resolved = replace(lora_request, content_hash=cpu.content_hash)
+        self._register(resolved)
+        self._failed.pop(cpu.content_hash, None)
+        self._cache_on_cpu(cpu, "cpu")
         return resolved
 
     def resolve(self, lora_request: LoRARequest) -> LoRARequest:
-        """The registered form of a request's adapter, loading it on first use."""
+        """The registered form of a request's adapter. One with a content hash (registered
+        elsewhere, e.g. by the platform) is only recorded: it loads in the background when a
+        request needs it. One without is loaded now, to learn its hash."""
         known = self._registered.get(lora_request.lora_int_id)
         if (
             known is not None
             and known.lora_path == lora_request.lora_path
-            and (lora_request.content_hash in (None, known.content_hash))
+            and lora_request.content_hash in (None, known.content_hash)
         ):
             return known
-        return self.add_lora(lora_request)
+        if lora_request.content_hash is None:
+            return self.add_lora(lora_request)
+        self._register(lora_request)
+        return lora_request
 
     def remove_lora(self, lora_int_id: int) -> bool:
         request = self._registered.pop(lora_int_id, None)
@@ -93,135 +121,212 @@ class LoRAManager:
     def list_loras(self) -> list[int]:
         return sorted(self._registered)
 
-    # ---- pins: requests in flight ----------------------------------------------------------
+    def _register(self, lora_request: LoRARequest) -> None:
+        assert lora_request.content_hash is not None
+        self._registered[lora_request.lora_int_id] = lora_request
+        self._sources[lora_request.content_hash] = lora_request
+
+    # ---- requests in flight --------------------------------------------------------------
 
     def pin(self, content_hash: str) -> None:
-        self._pins[content_hash] += 1
+        self._inflight[content_hash] += 1
 
     def unpin(self, content_hash: str) -> None:
-        self._pins[content_hash] -= 1
-        if self._pins[content_hash] <= 0:
-            del self._pins[content_hash]
+        self._inflight[content_hash] -= 1
+        if self._inflight[content_hash] <= 0:
+            del self._inflight[content_hash]
             self._maybe_drop(content_hash)
 
-    # ---- per step --------------------------------------------------------------------------
+    # ---- the scheduler's gate (pure bookkeeping) -----------------------------------------
 
-    def prepare(self, token_lora_hashes: list[str | None]) -> LoRABatch | None:
-        """Give this step's adapters GPU slots and build the token → slot mapping.
+    def is_ready(self, request: Request) -> bool:
+        """May the request join a step: no adapter, or its adapter is ready on the GPU."""
+        lora = request.lora_request
+        return lora is None or self.pool.is_ready(_hash(lora))
 
-        None when no token uses an adapter (the base model pays nothing).
-        """
-        needed = {h for h in token_lora_hashes if h is not None}
-        if not needed:
+    def is_loading(self, request: Request) -> bool:
+        """Its adapter is being read from disk or copied to the GPU right now."""
+        lora = request.lora_request
+        if lora is None:
+            return False
+        content_hash = _hash(lora)
+        return content_hash in self._loading or content_hash in self._uploading
+
+    def on_scheduled(self, request: Request) -> None:
+        """The request is running: its adapter stays on the GPU until it stops."""
+        if request.lora_request is not None:
+            content_hash = _hash(request.lora_request)
+            self.pool.pin(content_hash)
+            self.pool.touch(content_hash)
+
+    def on_descheduled(self, request: Request) -> None:
+        """The request stopped running (finished, aborted or preempted)."""
+        if request.lora_request is not None:
+            self.pool.unpin(_hash(request.lora_request))
+
+    # ---- per step ------------------------------------------------------------------------
+
+    def poll(self, waiting: Iterable[Request], num_running: int) -> dict[str, str]:
+        """Advance loads without blocking; returns {content hash: error} of adapters whose load
+        failed that waiting requests name (the engine fails those requests)."""
+        self._harvest_loads()
+        self._report_finished_uploads()
+        wanted: list[str] = []
+        for request in waiting:
+            if request.lora_request is not None:
+                content_hash = _hash(request.lora_request)
+                if content_hash not in wanted:
+                    wanted.append(content_hash)
+                    if len(wanted) == PREFETCH_DEPTH:
+                        break
+        failed = {h: self._failed[h] for h in wanted if h in self._failed}
+        for i, content_hash in enumerate(wanted):
+            if content_hash in failed:
+                continue
+            if content_hash in self.pool:
+                self.pool.touch(content_hash)
+                continue
+            cpu = self._cpu.get(content_hash)
+            if cpu is None:
+                self._start_load(content_hash)
+                continue
+            # Requests need a block each per step at most: leave them that much.
+            if not self.pool.upload(cpu, keep=wanted[:i], reserve_blocks=num_running):
+                break  # no room now; those behind it in the queue wait their turn
+            self._uploading[content_hash] = time.perf_counter()
+            self._modules[content_hash] = frozenset(
+                SLICES[i] for i, first in enumerate(cpu.layout.first_a) if first >= 0
+            )
+        return failed
+
+    def prepare(self, scheduled: Sequence[ScheduledRequest]) -> LoRABatch | None:
+        """This step's token -> adapter mapping (tokens in the order of `scheduled`), every
+        adapter in it ready on the GPU. None when no request of the step has an adapter (the
+        base model pays nothing)."""
+        hashes = [_hash(s.request.lora_request) if s.request.lora_request else None
+                  for s in scheduled]  # fmt: skip
+        adapters = list(dict.fromkeys(h for h in hashes if h is not None))
+        if not adapters:
             return None
-        assert len(needed) <= self.config.max_loras, "the scheduler caps adapters per step"
-        slot_of = {h: self._activate(h, needed) for h in needed}
-        token_slots = [-1 if h is None else slot_of[h] for h in token_lora_hashes]
+        assert len(adapters) <= self.max_batch_loras, "the scheduler caps adapters per step"
+        slot_of = {h: slot for slot, h in enumerate(adapters)}
+        token_slots = [
+            -1 if h is None else slot_of[h]
+            for h, item in zip(hashes, scheduled, strict=True)
+            for _ in range(item.num_new_tokens)
+        ]
+        slot_adapters = torch.zeros(self.max_batch_loras, dtype=torch.int32)
+        slot_adapters[: len(adapters)] = torch.tensor(
+            [self.pool.resident_id(h) for h in adapters], dtype=torch.int32
+        )
         # Built on the host, then one copy: a handful of tiny CPU ops instead of as many GPU
         # launches (and a sort) ahead of every step.
         sorted_token_ids, slot_start_loc = build_lora_mapping(
-            torch.tensor(token_slots, dtype=torch.int32), self.config.max_loras
+            torch.tensor(token_slots, dtype=torch.int32), self.max_batch_loras
         )
-        packed = torch.cat([slot_start_loc, sorted_token_ids]).to(self.device, non_blocking=True)
-        slot_start_loc, sorted_token_ids = packed.split(
-            [slot_start_loc.shape[0], sorted_token_ids.shape[0]]
+        packed = torch.cat([slot_start_loc, slot_adapters, sorted_token_ids])
+        on_device = packed.to(self.device, non_blocking=True)
+        sizes = [slot_start_loc.shape[0], slot_adapters.shape[0], sorted_token_ids.shape[0]]
+        slot_start_loc, slot_adapters, sorted_token_ids = on_device.split(sizes)
+        modules = set().union(*(self._modules[h] for h in adapters))
+        return LoRABatch(
+            self.pool, self.workspace, sorted_token_ids, slot_start_loc, slot_adapters, modules
         )
-        modules = self.slots.modules_in_use(set(slot_of.values()))
-        return LoRABatch(self.slots, sorted_token_ids, slot_start_loc, modules)
 
     def create_graph_batch(
-        self, sorted_token_ids: torch.Tensor, slot_start_loc: torch.Tensor
+        self,
+        sorted_token_ids: torch.Tensor,
+        slot_start_loc: torch.Tensor,
+        slot_adapters: torch.Tensor,
     ) -> LoRABatch:
         """A batch over static mapping buffers that launches for every module (CUDA graphs:
         the captured launches must serve whatever adapters a replayed step has)."""
         return LoRABatch(
-            self.slots, sorted_token_ids, slot_start_loc, set(self.slots.module_shapes)
-        )
+            self.pool, self.workspace, sorted_token_ids, slot_start_loc, slot_adapters,
+            set(SLICES),
+        )  # fmt: skip
 
     def get_stats(self) -> LoRAStats:
         resident = []
         for lora_int_id, request in sorted(self._registered.items()):
-            if request.content_hash in self._gpu_slots:
+            content_hash = _hash(request)
+            if content_hash in self.pool:
                 resident.append(ResidentAdapter(lora_int_id, request.lora_name, "gpu"))
-            elif request.content_hash in self._cpu_cache:
+            elif content_hash in self._cpu:
                 resident.append(ResidentAdapter(lora_int_id, request.lora_name, "cpu"))
         return LoRAStats(
             num_registered=len(self._registered),
             resident=tuple(resident),
-            num_gpu_loads=self.stats["gpu_loads"],
-            num_gpu_evictions=self.stats["gpu_evictions"],
-            num_gpu_hits=self.stats["gpu_hits"],
+            num_gpu_loads=self.pool.num_uploads,
+            num_gpu_evictions=self.pool.num_evictions,
             num_cpu_loads=self.stats["cpu_loads"],
             num_cpu_evictions=self.stats["cpu_evictions"],
-            num_cpu_hits=self.stats["cpu_hits"],
+            num_load_failures=self.stats["load_failures"],
         )
 
-    # ---- internals -------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()
+        assert not set(self._loading) & set(self._cpu), "an adapter both loading and cached"
 
-    def _activate(self, content_hash: str, keep: set[str]) -> int:
-        if content_hash in self._gpu_slots:
-            self._gpu_slots.move_to_end(content_hash)
-            self.stats["gpu_hits"] += 1
-            return self._gpu_slots[content_hash]
-        adapter = self._get_cpu(content_hash)
-        if len(self._gpu_slots) < self.config.max_loras:
-            used = set(self._gpu_slots.values())
-            slot = next(s for s in range(self.config.max_loras) if s not in used)
-        else:
-            victim = next(h for h in self._gpu_slots if h not in keep)  # LRU first
-            slot = self._gpu_slots.pop(victim)
-            self.stats["gpu_evictions"] += 1
-        start = time.perf_counter()
-        self.slots.load(slot, adapter)
-        self._gpu_slots[content_hash] = slot
-        self.stats["gpu_loads"] += 1
-        self._report_load(content_hash, "gpu", start)
-        return slot
+    def shutdown(self) -> None:
+        self.loader.shutdown()
 
-    def _get_cpu(self, content_hash: str) -> LoRAAdapter:
-        adapter = self._cpu_cache.get(content_hash)
-        if adapter is not None:
-            self._cpu_cache.move_to_end(content_hash)
-            self.stats["cpu_hits"] += 1
-            return adapter
-        path = self._paths[content_hash]
-        start = time.perf_counter()
-        adapter = load_lora_adapter(path, self.arch, self.config.max_lora_rank)
-        if adapter.content_hash != content_hash:
-            raise InvalidAdapterError(f"{path}: the adapter files changed on disk while in use")
-        self._cache_on_cpu(adapter, path)
-        self._report_load(content_hash, "cpu", start)
-        return adapter
+    # ---- internals -----------------------------------------------------------------------
 
-    def _report_load(self, content_hash: str, tier: AdapterTier, start: float) -> None:
-        if self.on_adapter_load is not None:
-            name = self._names.get(content_hash, content_hash[:12])
-            self.on_adapter_load(AdapterLoad(name, tier, time.perf_counter() - start))
+    def _start_load(self, content_hash: str) -> None:
+        if content_hash in self._loading:
+            return
+        self._loading[content_hash] = self.loader.submit(self._sources[content_hash])
 
-    def _cache_on_cpu(self, adapter: LoRAAdapter, path: str) -> None:
-        self._cpu_cache[adapter.content_hash] = adapter
-        self._cpu_cache.move_to_end(adapter.content_hash)
-        self._paths[adapter.content_hash] = path
+    def _harvest_loads(self) -> None:
+        for content_hash, future in list(self._loading.items()):
+            if not future.done():
+                continue
+            del self._loading[content_hash]
+            try:
+                cpu = future.result()
+            except InvalidAdapterError as exc:
+                logger.error("adapter %s failed to load: %s", content_hash[:12], exc)
+                self._failed[content_hash] = str(exc)
+                self.stats["load_failures"] += 1
+                continue
+            if content_hash in self._sources:  # still wanted (not dropped meanwhile)
+                self._cache_on_cpu(cpu, "cpu")
+
+    def _report_finished_uploads(self) -> None:
+        for content_hash, start in list(self._uploading.items()):
+            if content_hash not in self.pool:
+                del self._uploading[content_hash]  # evicted before anyone used it
+            elif self.pool.is_ready(content_hash):
+                del self._uploading[content_hash]
+                self._report_load(content_hash, "gpu", time.perf_counter() - start)
+
+    def _cache_on_cpu(self, cpu: CpuAdapter, tier: AdapterTier) -> None:
+        self._cpu[cpu.content_hash] = cpu
+        self._cpu.move_to_end(cpu.content_hash)
         self.stats["cpu_loads"] += 1
-        while len(self._cpu_cache) > self.config.max_cpu_loras:
-            victim = next(
-                (h for h in self._cpu_cache if h not in self._pins and h not in self._gpu_slots),
-                None,
-            )
-            if victim is None:
-                break  # everything cached is in use; allow a temporary overshoot
-            del self._cpu_cache[victim]
+        self._report_load(cpu.content_hash, tier, cpu.load_seconds)
+        while len(self._cpu) > self.config.max_cpu_loras:
+            self._cpu.popitem(last=False)  # an upload in flight keeps its pinned memory alive
             self.stats["cpu_evictions"] += 1
+
+    def _report_load(self, content_hash: str, tier: AdapterTier, seconds: float) -> None:
+        source = self._sources.get(content_hash)
+        if self.on_adapter_load is not None and source is not None:
+            self.on_adapter_load(AdapterLoad(source.lora_name, tier, seconds))
 
     def _maybe_drop(self, content_hash: str) -> None:
         """Forget an adapter no registration and no request refers to any more."""
-        if content_hash in self._pins:
+        if content_hash in self._inflight:
             return
-        if any(r.content_hash == content_hash for r in self._registered.values()):
+        if any(_hash(r) == content_hash for r in self._registered.values()):
             return
-        self._cpu_cache.pop(content_hash, None)
-        self._paths.pop(content_hash, None)
-        self._names.pop(content_hash, None)
-        slot = self._gpu_slots.pop(content_hash, None)
-        if slot is not None:
-            self.slots.clear(slot)
+        for table in (self._sources, self._cpu, self._failed, self._modules, self._uploading):
+            table.pop(content_hash, None)
+        if content_hash in self.pool and self.pool.is_ready(content_hash):
+            self.pool.evict(content_hash)  # else its upload ends and LRU evicts it later
+
+
+def _hash(lora_request: LoRARequest) -> str:
+    assert lora_request.content_hash is not None, "requests carry resolved adapters"
+    return lora_request.content_hash

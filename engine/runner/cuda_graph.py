@@ -49,8 +49,9 @@ class CUDAGraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.sorted_token_ids = torch.zeros(n, dtype=torch.int32, device=device)
-        max_loras = lora_manager.config.max_loras if lora_manager else 1
-        self.slot_start_loc = torch.zeros(max_loras + 1, dtype=torch.int32, device=device)
+        max_batch_loras = lora_manager.max_batch_loras if lora_manager else 1
+        self.slot_start_loc = torch.zeros(max_batch_loras + 1, dtype=torch.int32, device=device)
+        self.slot_adapters = torch.zeros(max_batch_loras, dtype=torch.int32, device=device)
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     @property
@@ -70,7 +71,7 @@ class CUDAGraphRunner:
         if with_lora:
             assert self.lora_manager is not None
             lora = self.lora_manager.create_graph_batch(
-                self.sorted_token_ids[:size], self.slot_start_loc
+                self.sorted_token_ids[:size], self.slot_start_loc, self.slot_adapters
             )
         return ForwardContext(attn, self.kv_caches, lora)
 
@@ -113,6 +114,7 @@ class CUDAGraphRunner:
         if lora is not None:
             self.sorted_token_ids[:n].copy_(lora.sorted_token_ids)
             self.slot_start_loc.copy_(lora.slot_start_loc)
+            self.slot_adapters.copy_(lora.slot_adapters)
         graph, out = self._graphs[(size, lora is not None)]
         graph.replay()
         return out[:n]

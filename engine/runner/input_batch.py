@@ -18,8 +18,6 @@ class ModelInputs:
     # Row of each sampling request's last token in the flat batch.
     logits_indices: torch.Tensor  # [num_sample] int64
     sample_requests: list[ScheduledRequest]
-    # Per token: its adapter's content hash (None = base model); LoRA maps these to slots.
-    token_lora_hashes: list[str | None]
 
 
 def prepare_inputs(
@@ -36,7 +34,6 @@ def prepare_inputs(
     query_start_loc = [0]
     logits_indices: list[int] = []
     sample_requests: list[ScheduledRequest] = []
-    token_lora_hashes: list[str | None] = []
     max_blocks = max(len(s.block_ids) for s in scheduled)
     block_table_rows: list[list[int]] = []  # padded with 0 (never read past seq_len)
 
@@ -53,8 +50,6 @@ def prepare_inputs(
         seq_lens.append(end)
         query_start_loc.append(len(input_ids))
         block_table_rows.append(block_ids + [0] * (max_blocks - len(block_ids)))
-        lora_hash = request.lora_request.content_hash if request.lora_request else None
-        token_lora_hashes.extend([lora_hash] * item.num_new_tokens)
         if item.needs_sample:
             logits_indices.append(len(input_ids) - 1)
             sample_requests.append(item)
@@ -79,5 +74,4 @@ def prepare_inputs(
         attn=attn,
         logits_indices=to_device(logits_indices, torch.int64),
         sample_requests=sample_requests,
-        token_lora_hashes=token_lora_hashes,
     )

@@ -10,6 +10,7 @@ import logging
 import torch
 
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.lora.lora_batch import LoRABatch
 from loraplex.engine.lora.lora_manager import LoRAManager
 from loraplex.engine.model.dummy_weights import create_dummy_model
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
@@ -47,17 +48,15 @@ class ModelRunner:
             self.model, self.arch = load_model(config.model.model, config.model.dtype, self.device)
         self.dtype = next(self.model.parameters()).dtype
         self.block_size = config.cache.block_size
+        # The KV cache (see initialize_kv_cache) and its CPU twin for swapped-out requests.
+        self.kv_cache = torch.empty(0)
+        self.cpu_kv_cache = torch.empty(0)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.cpu_kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
-        # Adapter residency (disk -> CPU -> GPU slots); the engine pins and resolves through it.
-        self.lora_manager: LoRAManager | None = None
-        if config.lora.enable_lora:
-            self.lora_manager = LoRAManager(config.lora, self.arch, self.dtype, self.device)
         self.cuda_graphs: CUDAGraphRunner | None = None
 
-    def capture_cuda_graphs(self, max_model_len: int) -> None:
+    def capture_cuda_graphs(self, max_model_len: int, lora_manager: LoRAManager | None) -> None:
         """Capture decode graphs (CUDA only, unless enforce_eager), once the KV cache exists."""
         if self.device.type != "cuda" or self.config.model.enforce_eager:
             return
@@ -66,7 +65,7 @@ class ModelRunner:
             self.kv_caches,
             self.config.scheduler.max_num_seqs,
             -(-max_model_len // self.block_size),
-            self.lora_manager,
+            lora_manager,
             self.device,
         )
         self.cuda_graphs.capture()
@@ -121,46 +120,49 @@ class ModelRunner:
             )
             self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :])
         torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated(self.device) - self._kv_cache_bytes()
-        self.kv_caches = []
+        peak = torch.cuda.max_memory_allocated(self.device) - self.kv_cache.nbytes
+        self.kv_cache, self.kv_caches = torch.empty(0), []
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
         return int(total * self.config.cache.gpu_memory_utilization) - peak
 
-    def _kv_cache_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+    def _kv_shape(self, num_blocks: int) -> tuple[int, ...]:
+        arch = self.arch
+        return (
+            arch.num_hidden_layers, num_blocks, 2, self.block_size, arch.num_key_value_heads,
+            arch.head_dim,
+        )  # fmt: skip
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate per-layer K and V: [num_blocks, block_size, num_kv_heads, head_dim]."""
-        shape = (num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(self.arch.num_hidden_layers)
-        ]
+        """Allocate the KV cache, one tensor for every layer and block:
+
+            kv_cache  [num_layers, num_blocks, 2 (K, V), block_size, num_kv_heads, head_dim]
+
+        Attention reads per-layer (K, V) views, [num_blocks, block_size, num_kv_heads,
+        head_dim] each; block b of every layer is also one page of `kv_pages`, where resident
+        adapters keep their weights (engine/lora/page_layout.py)."""
+        self.kv_cache = torch.zeros(
+            self._kv_shape(num_blocks), dtype=self.dtype, device=self.device
+        )
+        self.kv_caches = [(layer[:, 0], layer[:, 1]) for layer in self.kv_cache]
         logger.info(
             "KV cache: %d blocks of %d tokens (%.2f GiB)",
             num_blocks,
             self.block_size,
-            self._kv_cache_bytes() / GiB,
+            self.kv_cache.nbytes / GiB,
         )
 
+    @property
+    def kv_pages(self) -> torch.Tensor:
+        """[num_layers, num_blocks, page_size]: the KV cache as pages of one block each."""
+        num_layers, num_blocks = self.kv_cache.shape[:2]
+        return self.kv_cache.view(num_layers, num_blocks, -1)
+
     def initialize_swap_space(self, num_cpu_blocks: int) -> None:
-        """CPU copies of the KV layout for swapped-out requests (pinned when on CUDA)."""
-        shape = (num_cpu_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
-        pin = self.device.type == "cuda"
-        self.cpu_kv_caches = (
-            [
-                (
-                    torch.empty(shape, dtype=self.dtype, pin_memory=pin),
-                    torch.empty(shape, dtype=self.dtype, pin_memory=pin),
-                )
-                for _ in range(self.arch.num_hidden_layers)
-            ]
-            if num_cpu_blocks > 0
-            else []
+        """The CPU twin of the KV cache for swapped-out requests (pinned when on CUDA)."""
+        pin = self.device.type == "cuda" and num_cpu_blocks > 0
+        self.cpu_kv_cache = torch.empty(
+            self._kv_shape(num_cpu_blocks), dtype=self.dtype, pin_memory=pin
         )
 
     def num_swap_blocks(self, max_useful_blocks: int) -> int:
@@ -169,37 +171,32 @@ class ModelRunner:
             return 0
         return min(bytes_total // self.kv_bytes_per_block, max_useful_blocks)
 
-    def _copy_blocks(self, mapping: list[tuple[int, int]], kind: str) -> None:
-        """Copy KV blocks: kind 'out' gpu→cpu, 'in' cpu→gpu, 'cow' gpu→gpu."""
+    @staticmethod
+    def _copy_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: list[tuple[int, int]]) -> None:
+        """Copy whole blocks, every layer at once: (src block, dst block) pairs."""
         if not mapping:
             return
-        src_caches, dst_caches = {
-            "out": (self.kv_caches, self.cpu_kv_caches),
-            "in": (self.cpu_kv_caches, self.kv_caches),
-            "cow": (self.kv_caches, self.kv_caches),
-        }[kind]
-        src_ids = torch.tensor([m[0] for m in mapping], device=src_caches[0][0].device)
-        dst_ids = torch.tensor([m[1] for m in mapping], device=dst_caches[0][0].device)
-        for src_layer, dst_layer in zip(src_caches, dst_caches, strict=True):
-            for src, dst in zip(src_layer, dst_layer, strict=True):
-                dst[dst_ids] = src[src_ids].to(dst.device)
+        src_ids = torch.tensor([m[0] for m in mapping], device=src.device)
+        dst_ids = torch.tensor([m[1] for m in mapping], device=dst.device)
+        dst[:, dst_ids] = src[:, src_ids].to(dst.device)
 
     # ---- one step --------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(
+        self, scheduler_output: SchedulerOutput, lora: LoRABatch | None = None
+    ) -> ModelRunnerOutput:
+        """Run one step: KV block copies, then the forward pass of the scheduled tokens (with
+        `lora`, this step's adapter mapping, from LoRAManager.prepare) and sampling."""
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
         # Swap-outs first: their GPU blocks may be handed to others in this very step.
-        self._copy_blocks(scheduler_output.blocks_to_swap_out, "out")
-        self._copy_blocks(scheduler_output.blocks_to_swap_in, "in")
-        self._copy_blocks(scheduler_output.blocks_to_copy, "cow")
+        self._copy_blocks(self.kv_cache, self.cpu_kv_cache, scheduler_output.blocks_to_swap_out)
+        self._copy_blocks(self.cpu_kv_cache, self.kv_cache, scheduler_output.blocks_to_swap_in)
+        self._copy_blocks(self.kv_cache, self.kv_cache, scheduler_output.blocks_to_copy)
         if not scheduler_output.scheduled:
             return ModelRunnerOutput()
         inputs = prepare_inputs(scheduler_output.scheduled, self.block_size, self.device)
-        lora = None
-        if self.lora_manager is not None:
-            lora = self.lora_manager.prepare(inputs.token_lora_hashes)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(inputs):
             hidden = self.cuda_graphs.run(inputs, lora)  # [num_tokens, hidden]
         else:

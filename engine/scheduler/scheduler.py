@@ -9,12 +9,20 @@ or (priority policy) a waiting request is more urgent than a running one that bl
 least urgent, most recent running request is preempted. `swap` copies its KV to CPU swap space
 and keeps its progress; `recompute` (also the fallback when swap space is short) frees its
 blocks and re-prefills it later, output tokens included. Either way its output is unchanged.
+
+Adapters: a request joins a step only once its adapter is ready on the GPU (`AdapterGate`, the
+LoRA manager), and at most `max_loras` distinct adapters run at once if that cap is set. A
+request whose adapter is not ready is passed over, so requests behind it with resident adapters
+go first; while its adapter is loading that costs nothing, but a request passed over for
+`LORA_MAX_SKIP_STEPS` steps without progress (no room for its adapter) stops admission behind
+it until running requests drain and its adapter gets in: nobody starves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.errors import InvalidParameterError, RequestTooLongError
@@ -28,9 +36,29 @@ from loraplex.engine.scheduler.fairness import VirtualTokenCounter
 from loraplex.engine.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from loraplex.engine.scheduler.request_queue import WaitingQueue, priority_key
 
-# How many steps a request may be passed over because the adapter cap is reached before
-# admission stops for everyone behind it (bounds its wait; see schedule()).
+# How many steps a request may be passed over, with its adapter not loading, before admission
+# stops for everyone behind it (bounds its wait; see the module docstring).
 LORA_MAX_SKIP_STEPS = 8
+
+
+class AdapterGate(Protocol):
+    """What the scheduler asks of the LoRA manager (pure bookkeeping, no tensors)."""
+
+    def is_ready(self, request: Request) -> bool:
+        """No adapter, or the request's adapter is ready on the GPU."""
+        ...
+
+    def is_loading(self, request: Request) -> bool:
+        """The request's adapter is on its way (read from disk or copied to the GPU now)."""
+        ...
+
+    def on_scheduled(self, request: Request) -> None:
+        """The request runs from this step on: its adapter must stay on the GPU."""
+        ...
+
+    def on_descheduled(self, request: Request) -> None:
+        """The request stopped running (finished, aborted or preempted)."""
+        ...
 
 
 @dataclass
@@ -51,13 +79,15 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         max_model_len: int,
         max_loras: int | None = None,
+        adapter_gate: AdapterGate | None = None,
         on_finish: Callable[[Request], None] | None = None,
     ) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.max_model_len = max_model_len
-        # Distinct adapters allowed among running requests (the GPU slots), None = no LoRA.
+        # Distinct adapters allowed among running requests; None = no cap.
         self.max_loras = max_loras
+        self.adapter_gate = adapter_gate
         self.on_finish = on_finish
         self.fairness = VirtualTokenCounter()
         self.waiting = WaitingQueue(config.scheduling_policy, self.fairness)
@@ -97,7 +127,7 @@ class Scheduler:
             if request is None:
                 continue
             if request.status == RequestStatus.RUNNING:
-                self.running.remove(request)
+                self._stop_running(request)
             else:
                 self.waiting.remove(request)
             request.status = status
@@ -144,11 +174,11 @@ class Scheduler:
                 break  # blocks are short: only a more urgent request may take them
             if not self._fork_parent_ready(request):
                 continue  # waits for its sibling's prefill, without holding up others
-            if not self._lora_fits(request, running_loras):
-                # Skip ahead while the step's adapters are all taken, but only for a bounded
-                # number of steps: then admission stops until its adapter fits, so running
-                # adapters drain and it gets a slot.
-                request.num_lora_wait_steps += 1
+            if not self._adapter_fits(request, running_loras):
+                # Requests behind it go first; a bounded number of steps only, unless its
+                # adapter is on its way (see the module docstring).
+                if self.adapter_gate is None or not self.adapter_gate.is_loading(request):
+                    request.num_lora_wait_steps += 1
                 if request.num_lora_wait_steps > LORA_MAX_SKIP_STEPS:
                     break
                 continue
@@ -186,7 +216,7 @@ class Scheduler:
             request.output_token_ids.append(token_id)
             status = self._check_stop(request, token_id)
             if status is not None:
-                self.running.remove(request)
+                self._stop_running(request)
                 request.status = status
                 self._free_request(request)
             updated.append(request)
@@ -217,7 +247,7 @@ class Scheduler:
         elif request.status == RequestStatus.SWAPPED:
             num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
             blocks_needed = cdiv(request.num_computed_tokens + num_new, kv.block_size)
-            if blocks_needed > kv.num_free_blocks:
+            if not kv.has_free_blocks(blocks_needed):
                 return False
             swap_in = kv.swap_in(request)
             assert swap_in is not None
@@ -241,6 +271,8 @@ class Scheduler:
         self.waiting.remove(request)
         self.running.append(request)
         request.status = RequestStatus.RUNNING
+        if self.adapter_gate is not None:
+            self.adapter_gate.on_scheduled(request)
         self._add_to_step(request, num_new, step)
         return True
 
@@ -278,7 +310,7 @@ class Scheduler:
         dropped = step.scheduled.pop(request.request_id, None)
         if dropped is not None:
             step.budget += dropped.num_new_tokens
-        self.running.remove(request)
+        self._stop_running(request)
         kv = self.kv_cache_manager
         swap_out = kv.swap_out(request) if self.config.preemption_mode == "swap" else None
         if swap_out is not None:
@@ -294,10 +326,19 @@ class Scheduler:
         step.preempted.append(request)
         self.waiting.add_front(request)
 
-    def _lora_fits(self, request: Request, running_loras: set[int]) -> bool:
-        if self.max_loras is None or not request.lora_int_id:
+    def _adapter_fits(self, request: Request, running_loras: set[int]) -> bool:
+        if not request.lora_int_id:
+            return True
+        if self.adapter_gate is not None and not self.adapter_gate.is_ready(request):
+            return False
+        if self.max_loras is None:
             return True
         return request.lora_int_id in running_loras or len(running_loras) < self.max_loras
+
+    def _stop_running(self, request: Request) -> None:
+        self.running.remove(request)
+        if self.adapter_gate is not None:
+            self.adapter_gate.on_descheduled(request)
 
     # ---- endings -------------------------------------------------------------------------
 

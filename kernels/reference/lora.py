@@ -1,24 +1,36 @@
-"""Reference multi-slice multi-LoRA shrink / expand (Punica SGMV semantics) in plain PyTorch.
+"""Reference multi-slice multi-LoRA shrink / expand over paged adapter weights, in PyTorch.
 
 The executable spec of `kernels/triton/lora_shrink.py` and `kernels/triton/lora_expand.py`, and
 the engine's CPU path. Punica (Chen et al., 2023, "Punica: Multi-Tenant LoRA Serving") batches
 tokens of many adapters by grouping them per adapter ("segmented gather matrix-vector
-multiplication", SGMV). One call serves every slice of a fused projection (q/k/v share x;
-gate/up share x). For slot `s`, slice `i` with rank `r = lora_ranks[i, s]` and the segment
-`sorted_token_ids[slot_start_loc[s]:slot_start_loc[s + 1]]`:
+multiplication", SGMV); S-LoRA (Sheng et al., 2023) keeps the adapters' weights in pages of the
+KV cache's memory pool, at each adapter's own rank. One call serves every slice of a fused
+projection (q/k/v share x; gate/up share x).
 
-    shrink:  out[:] = 0 (if zero_out);  out[i, t, :r] += x[t] @ lora_a[s, i, :r].T
-    expand:  y[t, y_offset + o_i + j] += scalings[s] * lora_out[i, t, :r] @ lora_b[s, o_i + j, :r]
+Weights. Adapter `a` (a row of the tables) owns pages `page_table[a, :]` of `pages` (one layer's
+[num_pages, page_size] view of the pool). Slice i's matrix, [r, row_len] with r = ranks[i, a]
+(A_i: row_len = in_dim; B_i^T: row_len = out_dim_i), starts at the adapter's page number
+`first_page[i, a]`; its element (j, c) is at
 
-where o_i = sum(slice_sizes[:i]) and j < slice_sizes[i]: slices are stacked along lora_b's rows.
+    page   = page_table[a, first + (j // rows_per_page) * pages_per_row + c // page_size]
+    offset = (j % rows_per_page) * row_len + c % page_size
 
-The shrink adds into `out`: by default it zeroes `out` first, so `out` is zero outside the
-computed entries (rows of tokens without an adapter, rows of a slice whose rank is 0 for the
-token's slot, columns past the rank). `zero_out=False` skips that (the Triton launcher's memset)
-for a buffer known to be zero, e.g. one zeroed once for all launches of a step. The expand
-leaves y untouched outside the computed entries. Products are accumulated in float32 and
-rounded once on store, as the kernels do. One matmul per non-empty (slot, slice); x and y rows
-are gathered once per slot; the loop reads the small mapping tensors on the host.
+with rows_per_page = max(1, page_size // row_len), pages_per_row = cdiv(row_len, page_size)
+(engine/lora/page_layout.py writes this layout).
+
+Batch. Tokens are grouped by batch slot: slot s owns sorted_token_ids[slot_start_loc[s]:
+slot_start_loc[s + 1]] and its adapter is `slot_adapters[s]`. With r = ranks[i, slot_adapters[s]]
+and token t of slot s:
+
+    shrink:  out[:] = 0 (if zero_out);   out[i, t, :r] += x[t] @ A_i[:r].T
+    expand:  y[t, y_offset + o_i + j] += scalings[a] * lora_out[i, t, :r] @ B_i^T[:r, j]
+
+where o_i = sum(slice_sizes[:i]) and j < slice_sizes[i]. `out` is zero outside the computed
+entries when zeroed (rows of tokens without an adapter, slices of rank 0, columns past the
+rank); `zero_out=False` adds into a buffer known to be zero (one zeroed once for all launches
+of a step). The expand leaves y untouched outside the computed entries. Products accumulate in
+float32 and round once on store, as the kernels do. The loops read the small mapping tensors
+on the host.
 """
 
 from __future__ import annotations
@@ -26,93 +38,125 @@ from __future__ import annotations
 import torch
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def gather_matrix(
+    pages: torch.Tensor,  # [num_pages, page_size]
+    adapter_pages: torch.Tensor,  # [max_pages] int32: one adapter's row of page_table
+    first: int,
+    rows: int,
+    row_len: int,
+) -> torch.Tensor:
+    """The [rows, row_len] matrix placed at the adapter's page number `first`."""
+    page_size = pages.shape[1]
+    if row_len <= page_size:
+        per_page = page_size // row_len
+        ids = adapter_pages[first : first + _cdiv(rows, per_page)].to(torch.int64)
+        chunk = pages.index_select(0, ids)[:, : per_page * row_len]  # [n, per_page * row_len]
+        return chunk.reshape(-1, row_len)[:rows]
+    segments = _cdiv(row_len, page_size)
+    ids = adapter_pages[first : first + rows * segments].to(torch.int64)
+    return pages.index_select(0, ids).reshape(rows, segments * page_size)[:, :row_len]
+
+
 def _check_mapping(
     num_tokens: int,
-    max_loras: int,
     num_slices: int,
+    page_table: torch.Tensor,
+    first_page: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    slot_adapters: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
-    lora_ranks: torch.Tensor,
 ) -> None:
+    num_adapters = page_table.shape[0]
+    assert first_page.shape == lora_ranks.shape == (num_slices, num_adapters), (
+        "first_page and lora_ranks must be [num_slices, num_adapters]"
+    )
+    assert slot_start_loc.shape == (slot_adapters.shape[0] + 1,), "slot_start_loc: [slots + 1]"
     assert sorted_token_ids.shape == (num_tokens,), "sorted_token_ids must be [num_tokens]"
-    assert slot_start_loc.shape == (max_loras + 1,), "slot_start_loc must be [max_loras + 1]"
-    assert lora_ranks.shape == (num_slices, max_loras), "lora_ranks must be [slices, max_loras]"
 
 
 def _segments(
-    slot_start_loc: torch.Tensor, lora_ranks: torch.Tensor, sorted_token_ids: torch.Tensor
-) -> list[tuple[int, list[int], torch.Tensor]]:
-    """(slot, rank per slice, token ids) of every slot with tokens and some non-zero rank."""
-    starts = slot_start_loc.tolist()
-    ranks = lora_ranks.T.tolist()  # [max_loras][num_slices]
-    segments = []
-    for slot, slice_ranks in enumerate(ranks):
-        lo, hi = starts[slot], starts[slot + 1]
-        if any(slice_ranks) and hi > lo:
-            segments.append((slot, slice_ranks, sorted_token_ids[lo:hi].to(torch.int64)))
-    return segments
+    slot_adapters: torch.Tensor, slot_start_loc: torch.Tensor, sorted_token_ids: torch.Tensor
+) -> list[tuple[int, torch.Tensor]]:
+    """(adapter, token ids) of every batch slot that has tokens."""
+    starts, adapters = slot_start_loc.tolist(), slot_adapters.tolist()
+    return [
+        (adapters[s], sorted_token_ids[starts[s] : starts[s + 1]].to(torch.int64))
+        for s in range(len(adapters))
+        if starts[s + 1] > starts[s]
+    ]
 
 
 def lora_shrink(
     x: torch.Tensor,  # [num_tokens, in_dim]
-    lora_a: torch.Tensor,  # [max_loras, num_slices, max_rank, in_dim]
+    pages: torch.Tensor,  # [num_pages, page_size]
+    page_table: torch.Tensor,  # [num_adapters, max_pages] int32
+    first_page: torch.Tensor,  # [num_slices, num_adapters] int32: first page of A_i
+    lora_ranks: torch.Tensor,  # [num_slices, num_adapters] int32
+    slot_adapters: torch.Tensor,  # [num_slots] int32
     sorted_token_ids: torch.Tensor,  # [num_tokens] int32
-    slot_start_loc: torch.Tensor,  # [max_loras + 1] int32
-    lora_ranks: torch.Tensor,  # [num_slices, max_loras] int32
+    slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
     out: torch.Tensor,  # [num_slices, num_tokens, max_rank] float32
     zero_out: bool = True,
 ) -> None:
-    """Zero `out` (unless `zero_out` is False), then out[i, t, :r] += x[t] @ lora_a[s, i, :r].T
-    for every slice i and token t of slot s, where r = lora_ranks[i, s]. One launch for all
-    slices."""
-    max_loras, num_slices, max_rank, in_dim = lora_a.shape
-    num_tokens = x.shape[0]
-    assert x.dim() == 2 and x.shape[1] == in_dim, "x must be [num_tokens, in_dim]"
-    assert out.shape == (num_slices, num_tokens, max_rank), "out: [slices, num_tokens, max_rank]"
+    """Zero `out` (unless `zero_out` is False), then out[i, t, :r] += x[t] @ A_i[:r].T for every
+    slice i and token t of an adapter's segment. One launch for all slices."""
+    num_slices, num_tokens, max_rank = out.shape
+    in_dim = x.shape[1]
+    assert x.dim() == 2 and x.shape[0] == num_tokens, "x must be [num_tokens, in_dim]"
     assert out.dtype == torch.float32, "out must be float32"
-    _check_mapping(num_tokens, max_loras, num_slices, sorted_token_ids, slot_start_loc, lora_ranks)
+    mapping = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    _check_mapping(num_tokens, num_slices, *mapping)
     if zero_out:
         out.zero_()
-    for slot, slice_ranks, token_ids in _segments(slot_start_loc, lora_ranks, sorted_token_ids):
+    ranks, firsts = lora_ranks.tolist(), first_page.tolist()
+    for adapter, token_ids in _segments(slot_adapters, slot_start_loc, sorted_token_ids):
         xs = x.index_select(0, token_ids).float()  # [n, in_dim]
-        for i, rank in enumerate(slice_ranks):
+        for i in range(num_slices):
+            rank = ranks[i][adapter]
             if rank > 0:
-                out[i, token_ids, :rank] += xs @ lora_a[slot, i, :rank].float().T  # [n, rank]
+                assert rank <= max_rank, "an adapter's rank exceeds out's max_rank"
+                a = gather_matrix(pages, page_table[adapter], firsts[i][adapter], rank, in_dim)
+                out[i, token_ids, :rank] += xs @ a.float().T  # [n, rank]
 
 
 def lora_expand(
     lora_out: torch.Tensor,  # [num_slices, num_tokens, max_rank]
-    lora_b: torch.Tensor,  # [max_loras, sum(slice_sizes), max_rank]: slices stacked along rows
+    pages: torch.Tensor,  # [num_pages, page_size]
+    page_table: torch.Tensor,  # [num_adapters, max_pages] int32
+    first_page: torch.Tensor,  # [num_slices, num_adapters] int32: first page of B_i^T
+    lora_ranks: torch.Tensor,  # [num_slices, num_adapters] int32
+    scalings: torch.Tensor,  # [num_adapters] float32
+    slot_adapters: torch.Tensor,  # [num_slots] int32
     sorted_token_ids: torch.Tensor,  # [num_tokens] int32
-    slot_start_loc: torch.Tensor,  # [max_loras + 1] int32
-    lora_ranks: torch.Tensor,  # [num_slices, max_loras] int32
-    scalings: torch.Tensor,  # [max_loras] float32
+    slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
     y: torch.Tensor,  # [num_tokens, y_dim]
     y_offset: int,
     slice_sizes: tuple[int, ...],  # out_dim of each slice, in y's column order
 ) -> None:
-    """y[t, y_offset + o_i + j] += scalings[s] * lora_out[i, t, :r] @ lora_b[s, o_i + j, :r]
-    for every slice i (o_i = sum(slice_sizes[:i]), j < slice_sizes[i]) and token t of slot s,
-    where r = lora_ranks[i, s]. One launch for all slices."""
-    max_loras, total_out, max_rank = lora_b.shape
-    num_slices = len(slice_sizes)
-    assert sum(slice_sizes) == total_out, "slice sizes must add up to lora_b's rows"
-    assert lora_out.dim() == 3 and lora_out.shape[0] == num_slices, "lora_out: [slices, T, r]"
-    assert lora_out.shape[2] == max_rank, "lora_out and lora_b must share max_rank"
-    num_tokens = lora_out.shape[1]
+    """y[t, y_offset + o_i + j] += scalings[a] * lora_out[i, t, :r] @ B_i^T[:r, j] for every
+    slice i (o_i = sum(slice_sizes[:i]), j < slice_sizes[i]) and token t of an adapter's
+    segment. One launch for all slices."""
+    num_slices, num_tokens, _ = lora_out.shape
+    assert len(slice_sizes) == num_slices, "one slice size per lora_out slice"
     assert y.dim() == 2 and y.shape[0] == num_tokens, "y must be [num_tokens, y_dim]"
-    assert y_offset >= 0 and y_offset + total_out <= y.shape[1], "y_offset slice out of range"
-    assert scalings.shape == (max_loras,), "scalings must be [max_loras]"
-    _check_mapping(num_tokens, max_loras, num_slices, sorted_token_ids, slot_start_loc, lora_ranks)
-    starts = [sum(slice_sizes[:i]) for i in range(num_slices)]
-    scale_list = scalings.tolist()
-    y_cols = y[:, y_offset : y_offset + total_out]  # view: writes land in y
-    for slot, slice_ranks, token_ids in _segments(slot_start_loc, lora_ranks, sorted_token_ids):
-        rows = y_cols.index_select(0, token_ids).float()  # [n, total_out]
+    assert y_offset >= 0 and y_offset + sum(slice_sizes) <= y.shape[1], "y_offset out of range"
+    assert scalings.shape == (page_table.shape[0],), "scalings must be [num_adapters]"
+    mapping = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    _check_mapping(num_tokens, num_slices, *mapping)
+    ranks, firsts, scale = lora_ranks.tolist(), first_page.tolist(), scalings.tolist()
+    starts = [y_offset + sum(slice_sizes[:i]) for i in range(num_slices)]
+    for adapter, token_ids in _segments(slot_adapters, slot_start_loc, sorted_token_ids):
         lo = lora_out.index_select(1, token_ids).float()  # [num_slices, n, max_rank]
-        for i, rank in enumerate(slice_ranks):
-            if rank > 0:
-                cols = slice(starts[i], starts[i] + slice_sizes[i])
-                b = lora_b[slot, cols, :rank].float()  # [slice_size, rank]
-                rows[:, cols] += (lo[i, :, :rank] @ b.T) * scale_list[slot]
-        y_cols[token_ids] = rows.to(y.dtype)
+        for i, size in enumerate(slice_sizes):
+            rank = ranks[i][adapter]
+            if rank == 0:
+                continue
+            b_t = gather_matrix(pages, page_table[adapter], firsts[i][adapter], rank, size)
+            cols = slice(starts[i], starts[i] + size)
+            rows = y[token_ids, cols].float() + (lo[i, :, :rank] @ b_t.float()) * scale[adapter]
+            y[token_ids, cols] = rows.to(y.dtype)

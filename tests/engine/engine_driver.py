@@ -11,6 +11,8 @@ from loraplex.engine.request import RequestOutput
 
 def check_engine(engine: LLMEngine) -> None:
     engine.kv_cache_manager.check_integrity()
+    if engine.lora_manager is not None:
+        engine.lora_manager.check_integrity()
 
 
 def run_to_completion(
@@ -27,7 +29,9 @@ def run_to_completion(
         check_engine(engine)
         step += 1
     kv = engine.kv_cache_manager
-    assert kv.num_free_blocks == kv.num_blocks, "every GPU block is free at the end"
+    assert not kv.req_to_blocks, "every request's blocks are back at the end"
+    held = engine.lora_manager.pool.num_blocks_held if engine.lora_manager else 0
+    assert kv.num_free_blocks + held == kv.num_blocks, "the rest hold idle resident adapters"
     assert kv.swap_space.num_free_blocks == kv.swap_space.num_cpu_blocks, "and every CPU block"
     return finished
 

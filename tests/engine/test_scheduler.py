@@ -8,11 +8,13 @@ from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.errors import InvalidParameterError, RequestTooLongError
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.request import (
+    LoRARequest,
     Request,
     RequestStatus,
     SamplingParams,
 )
 from loraplex.engine.scheduler import ModelRunnerOutput, Scheduler
+from loraplex.engine.scheduler.scheduler import LORA_MAX_SKIP_STEPS
 
 
 def make_scheduler(
@@ -167,16 +169,14 @@ def test_priority_policy_admits_urgent_first():
     assert [x.request.request_id for x in out.scheduled] == ["urgent"]
 
 
-def test_adapter_cap_per_step_and_bounded_wait():
-    from loraplex.engine.request import LoRARequest
-    from loraplex.engine.scheduler.scheduler import LORA_MAX_SKIP_STEPS
+def lora(i: int) -> LoRARequest:
+    return LoRARequest(f"a{i}", i, f"/adapters/{i}", content_hash=f"h{i}")
 
+
+def test_adapter_cap_per_step_and_bounded_wait():
     kv = KVCacheManager(256, 4)
     config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, scheduling_policy="fcfs")
     s = Scheduler(config, kv, max_model_len=256, max_loras=2)
-
-    def lora(i: int) -> LoRARequest:
-        return LoRARequest(f"a{i}", i, f"/adapters/{i}", content_hash=f"h{i}")
 
     # Adapters 1 and 2 take both slots with long requests; adapter 3 waits behind a stream of
     # new adapter-1/2 requests that could otherwise keep jumping ahead of it forever.
@@ -195,3 +195,86 @@ def test_adapter_cap_per_step_and_bounded_wait():
     assert started is not None
     # Bounded: the skip budget, then the longest running request's remaining tokens.
     assert started <= LORA_MAX_SKIP_STEPS + 100
+
+
+class FakeGate:
+    """The LoRA manager's side of the scheduler, as sets: adapters ready, adapters loading."""
+
+    def __init__(self) -> None:
+        self.ready: set[int] = set()
+        self.loading: set[int] = set()
+        self.pins: dict[int, int] = {}
+
+    def is_ready(self, request: Request) -> bool:
+        return not request.lora_int_id or request.lora_int_id in self.ready
+
+    def is_loading(self, request: Request) -> bool:
+        return request.lora_int_id in self.loading
+
+    def on_scheduled(self, request: Request) -> None:
+        assert self.is_ready(request)
+        if request.lora_int_id:
+            self.pins[request.lora_int_id] = self.pins.get(request.lora_int_id, 0) + 1
+
+    def on_descheduled(self, request: Request) -> None:
+        if request.lora_int_id:
+            self.pins[request.lora_int_id] -= 1
+
+
+def make_gated_scheduler(gate: FakeGate, num_blocks: int = 64) -> Scheduler:
+    config = SchedulerConfig(
+        max_num_seqs=8, max_num_batched_tokens=256, scheduling_policy="fcfs",
+        preemption_mode="recompute",
+    )  # fmt: skip
+    return Scheduler(config, KVCacheManager(num_blocks, 4), max_model_len=64, adapter_gate=gate)
+
+
+def test_requests_whose_adapter_is_not_ready_let_others_go_first():
+    gate = FakeGate()
+    gate.ready = {2}
+    gate.loading = {1}
+    s = make_gated_scheduler(gate)
+    s.add_request(make_request("cold", 3, lora_request=lora(1)))
+    s.add_request(make_request("warm", 3, lora_request=lora(2)))
+    s.add_request(make_request("base", 3))
+    for _ in range(LORA_MAX_SKIP_STEPS + 5):  # loading: passed over without limit
+        out, _ = run_step(s)
+        assert "cold" not in {x.request.request_id for x in out.scheduled}
+    assert s.requests["cold"].num_lora_wait_steps == 0
+    assert gate.pins == {2: 0} and not s.requests.get("warm")
+    gate.ready.add(1)
+    out, _ = run_step(s)
+    assert [x.request.request_id for x in out.scheduled] == ["cold"] and gate.pins[1] == 1
+    while s.has_unfinished_requests():
+        run_step(s)
+    assert gate.pins == {1: 0, 2: 0}
+
+
+def test_a_stuck_adapter_stops_admission_behind_it_after_the_skip_bound():
+    gate = FakeGate()
+    gate.ready = {2}  # adapter 1 neither ready nor loading: no room for it
+    s = make_gated_scheduler(gate)
+    s.add_request(make_request("stuck", 3, lora_request=lora(1)))
+    admitted = []
+    for step in range(LORA_MAX_SKIP_STEPS + 3):
+        s.add_request(make_request(f"w{step}", 3, max_tokens=50, lora_request=lora(2)))
+        out, _ = run_step(s)
+        admitted.append(any(x.num_new_tokens == 3 for x in out.scheduled))
+    assert admitted[:LORA_MAX_SKIP_STEPS] == [True] * LORA_MAX_SKIP_STEPS
+    assert admitted[LORA_MAX_SKIP_STEPS:] == [False] * 3  # nobody jumps the stuck request now
+    assert s.requests["stuck"].num_lora_wait_steps > LORA_MAX_SKIP_STEPS
+
+
+def test_preemption_and_abort_release_adapter_pins():
+    gate = FakeGate()
+    gate.ready = {1, 2}
+    s = make_gated_scheduler(gate, num_blocks=4)  # 16 tokens of KV
+    s.add_request(make_request("a", 6, max_tokens=20, lora_request=lora(1)))
+    s.add_request(make_request("b", 6, max_tokens=20, lora_request=lora(2)))
+    run_step(s)
+    assert gate.pins == {1: 1, 2: 1}
+    for _ in range(3):  # a needs a third block: b is preempted (recompute)
+        run_step(s)
+    assert s.requests["b"].status == RequestStatus.PREEMPTED and gate.pins == {1: 1, 2: 0}
+    s.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+    assert gate.pins == {1: 0, 2: 0}

@@ -1,0 +1,144 @@
+"""Where an adapter's weights live in the KV cache's pages (S-LoRA's unified paging).
+
+Adapters and the KV cache share one pool of GPU memory, in the KV cache's own blocks: block id
+`b` is, in every layer, one contiguous page of `page_size = 2 * block_size * num_kv_heads *
+head_dim` elements (its K half, then its V half). An adapter holds whole blocks (the same ids in
+every layer) for as long as it is resident on the GPU; a request holds blocks for its KV.
+
+Per layer an adapter of rank r stores, for each slice i it targets (SLICES order):
+
+    A_i    r rows of in_dim_i elements     (lora_A: [r, in_dim])
+    B_i^T  r rows of out_dim_i elements    (lora_B: [out_dim, r], stored transposed)
+
+Each matrix takes its own run of pages, numbered within the adapter's page list. A row never
+straddles a page unless it is longer than one: then it takes `pages_per_row` pages of its own.
+
+    rows_per_page = max(1, page_size // row_len)      pages_per_row = cdiv(row_len, page_size)
+    element (j, c) of a matrix placed at first page f:
+        page   = f + (j // rows_per_page) * pages_per_row + c // page_size
+        offset = (j % rows_per_page) * row_len + c % page_size
+
+so an adapter takes pages in proportion to its own rank (never padded to `max_lora_rank`), and
+the kernels (kernels/reference/lora.py) find any row from the adapter's page list and the
+matrix's first page alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.engine.lora.adapter import LoRAAdapter
+
+# Every adaptable projection, in the order of the fused projections' output columns
+# (qkv_proj, o_proj, gate_up_proj, down_proj).
+SLICES: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+NUM_SLICES = len(SLICES)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def rows_per_page(row_len: int, page_size: int) -> int:
+    return max(1, page_size // row_len)
+
+
+def pages_per_row(row_len: int, page_size: int) -> int:
+    return cdiv(row_len, page_size)
+
+
+def matrix_pages(rows: int, row_len: int, page_size: int) -> int:
+    """Pages a [rows, row_len] matrix takes."""
+    return cdiv(rows, rows_per_page(row_len, page_size)) * pages_per_row(row_len, page_size)
+
+
+@dataclass(frozen=True)
+class AdapterPageLayout:
+    """An adapter's matrices in its page list: first pages per slice (-1: not targeted)."""
+
+    rank: int
+    first_a: tuple[int, ...]  # [NUM_SLICES] first page of A_i
+    first_b: tuple[int, ...]  # [NUM_SLICES] first page of B_i^T
+    num_pages: int
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """[NUM_SLICES] the rank of each slice: 0 where the adapter does not target it."""
+        return tuple(self.rank if first >= 0 else 0 for first in self.first_a)
+
+
+def plan_layout(
+    rank: int,
+    target_modules: tuple[str, ...],
+    module_shapes: dict[str, tuple[int, int]],
+    page_size: int,
+) -> AdapterPageLayout:
+    """Place each targeted slice's A, then its B^T, one after the other."""
+    first_a, first_b = [-1] * NUM_SLICES, [-1] * NUM_SLICES
+    next_page = 0
+    for i, module in enumerate(SLICES):
+        if module not in target_modules:
+            continue
+        in_dim, out_dim = module_shapes[module]
+        first_a[i] = next_page
+        next_page += matrix_pages(rank, in_dim, page_size)
+        first_b[i] = next_page
+        next_page += matrix_pages(rank, out_dim, page_size)
+    return AdapterPageLayout(rank, tuple(first_a), tuple(first_b), next_page)
+
+
+def max_adapter_pages(
+    max_lora_rank: int, module_shapes: dict[str, tuple[int, int]], page_size: int
+) -> int:
+    """Pages of the largest adapter the engine accepts (every slice at max_lora_rank)."""
+    return plan_layout(max_lora_rank, SLICES, module_shapes, page_size).num_pages
+
+
+def _place(dst: torch.Tensor, first: int, matrix: torch.Tensor, page_size: int) -> None:
+    """Write `matrix` [num_layers, rows, row_len] into dst [num_layers, pages, page_size]."""
+    num_layers, rows, row_len = matrix.shape
+    per_page = rows_per_page(row_len, page_size)
+    if row_len <= page_size:
+        for start in range(0, rows, per_page):
+            chunk = matrix[:, start : start + per_page]  # [L, n, row_len]
+            page = first + start // per_page
+            dst[:, page, : chunk.shape[1] * row_len] = chunk.reshape(num_layers, -1)
+        return
+    segments = pages_per_row(row_len, page_size)
+    for j in range(rows):
+        for s in range(segments):
+            piece = matrix[:, j, s * page_size : (s + 1) * page_size]
+            dst[:, first + j * segments + s, : piece.shape[1]] = piece
+
+
+def pack_adapter(
+    adapter: LoRAAdapter,
+    layout: AdapterPageLayout,
+    num_layers: int,
+    page_size: int,
+    dtype: torch.dtype,
+    pin_memory: bool = False,
+) -> torch.Tensor:
+    """The adapter's pages, [num_layers, layout.num_pages, page_size] in `dtype` on the CPU
+    (pinned for an asynchronous copy to the GPU). Unused tails of pages are zero."""
+    packed = torch.zeros(
+        (num_layers, layout.num_pages, page_size), dtype=dtype, pin_memory=pin_memory
+    )
+    for i, module in enumerate(SLICES):
+        if layout.first_a[i] < 0:
+            continue
+        a = torch.stack([adapter.weights[(layer, module)][0] for layer in range(num_layers)])
+        b = torch.stack([adapter.weights[(layer, module)][1] for layer in range(num_layers)])
+        _place(packed, layout.first_a[i], a.to(dtype), page_size)  # [L, r, in_dim]
+        _place(packed, layout.first_b[i], b.transpose(1, 2).to(dtype), page_size)  # [L, r, out]
+    return packed

@@ -1,0 +1,68 @@
+"""Adapter loads off the step path: a failing load fails only its own requests; adapters come
+and go while requests run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from loraplex.engine import LoRARequest, SamplingParams
+from loraplex.engine.errors import InvalidAdapterError
+from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+from tests.engine.engine_driver import make_llm, run_to_completion
+from tests.engine.lora_adapters import write_peft_adapter
+
+PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_checkpoint(tmp_path_factory.mktemp("loading") / "base", "llama")
+
+
+def nan_adapter(base: Path, out_dir: Path) -> Path:
+    """A PEFT adapter whose header is fine and whose weights are not (found while loading)."""
+    write_peft_adapter(base, out_dir, 4, ["q_proj"], seed=3)
+    weights = load_file(str(out_dir / "adapter_model.safetensors"))
+    next(iter(weights.values())).fill_(float("nan"))
+    save_file(weights, str(out_dir / "adapter_model.safetensors"))
+    return out_dir
+
+
+def test_a_failing_load_fails_only_its_requests(base: Path, tmp_path: Path) -> None:
+    good = write_peft_adapter(base, tmp_path / "good", 4, ["q_proj", "v_proj"], seed=1)
+    bad = nan_adapter(base, tmp_path / "bad")
+    llm = make_llm(base)
+    engine = llm.engine
+    good_request = engine.lora_manager.add_lora(LoRARequest("good", 1, str(good)))
+    # Registered elsewhere (as the platform does), so nothing is read until a request needs it.
+    bad_request = LoRARequest("bad", 2, str(bad), content_hash="b" * 64)
+    for i, lora in enumerate([good_request, bad_request, None, bad_request, good_request]):
+        engine.add_request(f"r{i}", [5, 6, 7], PARAMS, lora_request=lora)
+    outs = run_to_completion(engine)
+    reasons = {rid: out.outputs[0].finish_reason for rid, out in outs.items()}
+    assert reasons == {"r0": "length", "r1": "error", "r2": "length", "r3": "error", "r4": "length"}
+    assert engine.get_stats().lora.num_load_failures == 1
+
+
+def test_an_adapter_without_a_hash_is_checked_when_added(base: Path, tmp_path: Path) -> None:
+    llm = make_llm(base)
+    bad = LoRARequest("bad", 2, str(nan_adapter(base, tmp_path / "bad")))
+    with pytest.raises(InvalidAdapterError, match="NaN"):
+        llm.engine.add_request("r", [5, 6, 7], PARAMS, lora_request=bad)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_removing_an_adapter_lets_requests_in_flight_finish(base: Path, tmp_path: Path) -> None:
+    adapter = write_peft_adapter(base, tmp_path / "a", 4, ["q_proj"], seed=1)
+    llm = make_llm(base)
+    engine = llm.engine
+    lora = LoRARequest("a", 1, str(adapter))
+    engine.add_request("first", [5, 6, 7], PARAMS, lora_request=lora)
+    engine.step()
+    assert llm.remove_lora(1) and llm.list_loras() == []
+    outs = run_to_completion(engine)
+    assert outs["first"].outputs[0].finish_reason == "length"
+    assert engine.lora_manager.pool.num_blocks_held == 0  # dropped once its request ended

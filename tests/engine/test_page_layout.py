@@ -1,0 +1,58 @@
+"""Adapter pages: exact placement, packing, and reading back through the kernels' gather."""
+
+from __future__ import annotations
+
+import torch
+
+from loraplex.engine.lora.page_layout import (
+    SLICES,
+    matrix_pages,
+    max_adapter_pages,
+    pack_adapter,
+    plan_layout,
+)
+from loraplex.kernels.reference.lora import gather_matrix
+from tests.engine.lora_units import ARCH, SHAPES, make_adapter
+
+PAGE_SIZE = 96  # rows of 32 (q/k/v/o/gate/up in, q/o/down out): 3 a page; rows of 48: 2; of
+# 16 (k/v out): 6. In tests/engine/lora_units.ARCH: hidden 32, kv 16, intermediate 48.
+
+
+def test_matrix_pages_round_up_and_split_long_rows() -> None:
+    assert matrix_pages(rows=4, row_len=32, page_size=96) == 2  # 3 + 1 rows
+    assert matrix_pages(rows=3, row_len=32, page_size=96) == 1
+    assert matrix_pages(rows=2, row_len=200, page_size=96) == 6  # 3 pages a row
+    assert matrix_pages(rows=5, row_len=96, page_size=96) == 5
+
+
+def test_plan_layout_places_targeted_slices_in_order() -> None:
+    layout = plan_layout(4, ("q_proj", "v_proj", "down_proj"), SHAPES, PAGE_SIZE)
+    # q: A 4 rows of 32 -> 2 pages, B^T 4 rows of 32 -> 2; v: A 2, B^T 4 rows of 16 -> 1;
+    # down: A 4 rows of 48 -> 2, B^T 4 rows of 32 -> 2.
+    assert layout.first_a == (0, -1, 4, -1, -1, -1, 7)
+    assert layout.first_b == (2, -1, 6, -1, -1, -1, 9)
+    assert layout.num_pages == 11
+    assert layout.ranks == (4, 0, 4, 0, 0, 0, 4)
+    full = plan_layout(8, SLICES, SHAPES, PAGE_SIZE)
+    assert max_adapter_pages(8, SHAPES, PAGE_SIZE) == full.num_pages
+
+
+def test_packed_pages_read_back_as_the_adapters_matrices() -> None:
+    for page_size in (PAGE_SIZE, 40):  # 40: rows of 48 take two pages each
+        adapter = make_adapter(5, ("k_proj", "o_proj", "gate_proj", "down_proj"), seed=3)
+        layout = plan_layout(5, adapter.target_modules, SHAPES, page_size)
+        packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, page_size, torch.float32)
+        assert packed.shape == (ARCH.num_hidden_layers, layout.num_pages, page_size)
+        # As on the GPU: the adapter's pages scattered over a pool, in a shuffled order.
+        pool = torch.full((ARCH.num_hidden_layers, 64, page_size), float("nan"))
+        block_ids = torch.randperm(64)[: layout.num_pages].to(torch.int32)
+        pool[:, block_ids.long()] = packed
+        for layer in range(ARCH.num_hidden_layers):
+            for i, module in enumerate(SLICES):
+                if module not in adapter.target_modules:
+                    continue
+                a, b = adapter.weights[(layer, module)]
+                in_dim, out_dim = SHAPES[module]
+                got_a = gather_matrix(pool[layer], block_ids, layout.first_a[i], 5, in_dim)
+                got_b = gather_matrix(pool[layer], block_ids, layout.first_b[i], 5, out_dim)
+                assert torch.equal(got_a, a) and torch.equal(got_b, b.T)
