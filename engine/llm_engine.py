@@ -10,7 +10,11 @@ from typing import Any
 
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.engine_args import create_engine_config
-from loraplex.engine.errors import InvalidAdapterError, InvalidParameterError
+from loraplex.engine.errors import (
+    InvalidAdapterError,
+    InvalidParameterError,
+    RequestTooLongError,
+)
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.kv_cache.kv_cache_manager import cdiv
 from loraplex.engine.lora.adapter import lora_module_shapes
@@ -221,15 +225,32 @@ class LLMEngine:
         return failed_loads + outputs
 
     def _fail_adapter_requests(self, failures: dict[str, str]) -> list[RequestOutput]:
-        """End the waiting requests whose adapter failed to load (nobody else is affected)."""
+        """End the waiting requests whose adapter failed to load, or that could never fit the
+        KV cache beside their adapter (nobody else is affected)."""
+        assert self.lora_manager is not None
         failed = []
+        num_blocks, block_size = self.kv_cache_manager.num_blocks, self.config.cache.block_size
         for request in self.scheduler.waiting:
             lora = request.lora_request
-            if lora is not None and lora.content_hash in failures:
+            if lora is None:
+                continue
+            if lora.content_hash in failures:
                 request.error = InvalidAdapterError(
                     f"adapter {lora.lora_name!r} failed to load: {failures[lora.content_hash]}"
                 )
-                failed.append(request.request_id)
+            elif (adapter_blocks := self.lora_manager.adapter_blocks(lora)) is not None:
+                max_len = request.num_prompt_tokens + request.sampling_params.max_tokens
+                need = adapter_blocks + cdiv(min(max_len, self.max_model_len), block_size)
+                if need <= num_blocks:
+                    continue
+                request.error = RequestTooLongError(
+                    f"with adapter {lora.lora_name!r} ({adapter_blocks} KV blocks of weights) "
+                    f"this request needs {need} KV blocks; the cache has {num_blocks}",
+                    param="max_tokens",
+                )
+            else:
+                continue
+            failed.append(request.request_id)
         if not failed:
             return []
         self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)

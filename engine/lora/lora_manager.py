@@ -78,6 +78,7 @@ class LoRAManager:
         self._uploading: dict[str, float] = {}  # upload start (perf_counter)
         self._failed: dict[str, str] = {}  # content hash -> why its load failed
         self._modules: dict[str, frozenset[str]] = {}  # content hash -> targeted slices
+        self._num_pages: dict[str, int] = {}  # content hash -> KV blocks it takes on the GPU
         self.stats: Counter[str] = Counter()
         # Called (in the engine thread) after every adapter load: metrics.
         self.on_adapter_load: Callable[[AdapterLoad], None] | None = None
@@ -301,7 +302,12 @@ class LoRAManager:
                 del self._uploading[content_hash]
                 self._report_load(content_hash, "gpu", time.perf_counter() - start)
 
+    def adapter_blocks(self, lora_request: LoRARequest) -> int | None:
+        """KV blocks the adapter takes on the GPU, once known (after its first load)."""
+        return self._num_pages.get(_hash(lora_request))
+
     def _cache_on_cpu(self, cpu: CpuAdapter, tier: AdapterTier) -> None:
+        self._num_pages[cpu.content_hash] = cpu.layout.num_pages
         self._cpu[cpu.content_hash] = cpu
         self._cpu.move_to_end(cpu.content_hash)
         self.stats["cpu_loads"] += 1
@@ -321,7 +327,11 @@ class LoRAManager:
             return
         if any(_hash(r) == content_hash for r in self._registered.values()):
             return
-        for table in (self._sources, self._cpu, self._failed, self._modules, self._uploading):
+        tables = (
+            self._sources, self._cpu, self._failed, self._modules, self._uploading,
+            self._num_pages,
+        )  # fmt: skip
+        for table in tables:
             table.pop(content_hash, None)
         if content_hash in self.pool and self.pool.is_ready(content_hash):
             self.pool.evict(content_hash)  # else its upload ends and LRU evicts it later

@@ -9,7 +9,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from loraplex.engine import LoRARequest, SamplingParams
-from loraplex.engine.errors import InvalidAdapterError
+from loraplex.engine.errors import InvalidAdapterError, RequestTooLongError
 from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
 from tests.engine.engine_driver import make_llm, run_to_completion
 from tests.engine.lora_adapters import write_peft_adapter
@@ -66,3 +66,19 @@ def test_removing_an_adapter_lets_requests_in_flight_finish(base: Path, tmp_path
     outs = run_to_completion(engine)
     assert outs["first"].outputs[0].finish_reason == "length"
     assert engine.lora_manager.pool.num_blocks_held == 0  # dropped once its request ended
+
+
+def test_a_request_that_cannot_fit_beside_its_adapter_fails_clearly(base: Path, tmp_path: Path):
+    # Rank 8 on q, v and down_proj takes 13 blocks of 4 tokens: with 16 blocks, a 12-token
+    # request fits beside it, a 20-token one never can (it must fail, not wait forever).
+    adapter = write_peft_adapter(base, tmp_path / "a", 8, ["q_proj", "v_proj", "down_proj"], 1)
+    llm = make_llm(base, num_kv_blocks=16, block_size=4)
+    engine = llm.engine
+    lora = LoRARequest("a", 1, str(adapter))
+    engine.add_request("fits", [5] * 8, PARAMS, lora_request=lora)
+    engine.add_request("never", [5] * 16, PARAMS, lora_request=lora)
+    outs = run_to_completion(engine)
+    assert outs["fits"].outputs[0].finish_reason == "length"
+    assert outs["never"].outputs[0].finish_reason == "error"
+    assert isinstance(outs["never"].error, RequestTooLongError)
+    assert "13 KV blocks" in str(outs["never"].error)

@@ -28,8 +28,9 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 def first_chunk(engine, request_id, prompt, **kwargs) -> int:
     """Add a request, run one step, return how many of its tokens that step computed."""
     engine.add_request(request_id, {"prompt_token_ids": prompt}, GREEDY, **kwargs)
+    engine.lora_manager.poll(engine.scheduler.waiting, num_running=0)  # uploads its adapter
     out = engine.scheduler.schedule()
-    runner_out = engine.runner.execute(out)
+    runner_out = engine.runner.execute(out, engine.lora_manager.prepare(out.scheduled))
     updated = engine.scheduler.update_from_output(out, runner_out)
     engine.output_processor.process(updated, runner_out.logprobs)
     return next(s.num_new_tokens for s in out.scheduled if s.request.request_id == request_id)

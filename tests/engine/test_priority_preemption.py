@@ -75,12 +75,12 @@ def generate(model, urgent_at_step: int | None, **kwargs):
 def test_urgent_request_starts_within_one_step_and_outputs_are_unchanged(model, mode):
     # Unpressured reference: plenty of blocks and sequence slots.
     reference, _, _ = generate(model, urgent_at_step=3)
-    # Full engine: 2 sequences at most, 12 blocks of 4 tokens.
+    # Full engine: 2 sequences at most, 12 blocks of 4 tokens beside the two adapters' 26.
     pressured, started_at, engine = generate(
         model,
         urgent_at_step=3,
         max_num_seqs=2,
-        num_kv_blocks=12,
+        num_kv_blocks=12 + 26,
         block_size=4,
         preemption_mode=mode,
     )
@@ -95,7 +95,7 @@ def test_swap_falls_back_to_recompute_when_swap_space_is_short(model):
         model,
         urgent_at_step=3,
         max_num_seqs=2,
-        num_kv_blocks=12,
+        num_kv_blocks=12 + 26,
         block_size=4,
         preemption_mode="swap",
         swap_space_gb=1e-7,
