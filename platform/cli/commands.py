@@ -65,7 +65,7 @@ def admin_token(args: argparse.Namespace) -> int:
 
 
 def demo_model(args: argparse.Namespace) -> int:
-    from loraplex.engine.model import demo_checkpoint
+    from loraplex.platform.demo import checkpoint as demo_checkpoint
 
     path = Path(args.path)
     if args.random:

@@ -50,7 +50,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     if args.port is not None:
         overrides["port"] = args.port
     if args.demo:
-        from loraplex.engine.model.demo_checkpoint import ensure_demo_checkpoint
+        from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
 
         overrides["model"] = str(ensure_demo_checkpoint())
     return Settings(**overrides)
@@ -65,7 +65,7 @@ def serve(args: argparse.Namespace) -> int:
         raise CommandError("no model: pass --model PATH or --demo (or set LORAPLEX_MODEL)")
     banner = None
     if args.demo:
-        from loraplex.platform.demo import bootstrap_demo, demo_banner
+        from loraplex.platform.demo.bootstrap import bootstrap_demo, demo_banner
 
         setup = bootstrap_demo(settings)
         banner = demo_banner(

@@ -165,7 +165,7 @@ _TINY_MODEL: list[Path] = []
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny random Llama per test session (shared by tests/platform and tests/e2e)."""
     if not _TINY_MODEL:
-        from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+        from loraplex.platform.demo.checkpoint import write_random_checkpoint
 
         root = tmp_path_factory.mktemp("models") / MODEL_NAME
         _TINY_MODEL.append(write_random_checkpoint(root, arch="llama"))

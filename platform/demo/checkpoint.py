@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from loraplex.engine.model.demo_corpus import DEMO_CORPUS
+from loraplex.platform.demo.corpus import DEMO_CORPUS
 
 ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
