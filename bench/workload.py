@@ -46,7 +46,7 @@ def synthetic_prompts(
 
 def write_shape_checkpoint(shape: str, out_dir: Path) -> Path:
     """config.json of a named shape plus a small tokenizer; weights come from load_format=dummy."""
-    from loraplex.platform.demo.checkpoint import write_random_checkpoint
+    from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 
     if out_dir.exists():
         shutil.rmtree(out_dir)

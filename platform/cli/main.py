@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
-from loraplex.platform.api import RequestIdLogFilter
 from loraplex.platform.cli import commands, serve
 from loraplex.platform.errors import LoraplexError
 
@@ -113,15 +111,6 @@ def _adapter_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p = adapters.add_parser("remove")
     p.add_argument("adapter_id", type=int)
     p.set_defaults(handler=commands.adapters_remove)
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s",
-    )
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(RequestIdLogFilter())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
