@@ -63,6 +63,11 @@ class _SamplingFields(_OpenAIModel):
             raise ValueError("stream_options is only allowed when stream is true")
         return self
 
+    @property
+    def include_usage(self) -> bool:
+        """A stream ends with a usage chunk (`stream_options.include_usage`)."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
 
 class CompletionRequest(_SamplingFields):
     # A string or token ids; a list holding exactly one of those is accepted too.

@@ -7,18 +7,11 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel
-
 from loraplex.engine.errors import InvalidAdapterError, InvalidParameterError
 from loraplex.platform.errors import LoraplexError
+from loraplex.platform.services.outputs import DONE
 
 logger = logging.getLogger(__name__)
-
-DONE = "data: [DONE]\n\n"
-
-
-def sse(payload: BaseModel) -> str:
-    return f"data: {payload.model_dump_json()}\n\n"
 
 
 def sse_error(exc: BaseException) -> str:

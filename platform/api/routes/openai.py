@@ -62,8 +62,7 @@ async def create_completion(
 ) -> Response:
     run = await admit(state, tenant, await plan_completion(state, tenant, body))
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _stream(run, stream_completion(run, include_usage))
+        return await _stream(run, stream_completion(run, body.include_usage))
     return await _respond(run, request, collect_completion)
 
 
@@ -73,8 +72,7 @@ async def create_chat_completion(
 ) -> Response:
     run = await admit(state, tenant, await plan_chat(state, tenant, body))
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _stream(run, stream_chat(run, include_usage))
+        return await _stream(run, stream_chat(run, body.include_usage))
     return await _respond(run, request, collect_chat)
 
 
