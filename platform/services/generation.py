@@ -21,7 +21,7 @@ from loraplex.platform.errors import (
     RateLimitedError,
     ServiceUnavailableError,
 )
-from loraplex.platform.ratelimit import RateLimitDecision, TenantLimits, rate_limit_headers
+from loraplex.platform.ratelimit import RateLimitDecision, rate_limit_headers
 from loraplex.platform.state import AppState
 from loraplex.platform.usage import UsageEvent
 
@@ -46,14 +46,6 @@ class GenerationPlan:
         return len(self.prompt_token_ids) + self.sampling_params.n * self.sampling_params.max_tokens
 
 
-def tenant_limits(tenant: TenantContext) -> TenantLimits:
-    return TenantLimits(
-        requests_per_minute=tenant.requests_per_minute,
-        tokens_per_minute=tenant.tokens_per_minute,
-        max_concurrent_requests=tenant.max_concurrent_requests,
-    )
-
-
 async def admit(state: AppState, tenant: TenantContext, plan: GenerationPlan) -> GenerationRun:
     """Reserve the tenant's limits for `plan`, or raise 429 / 503."""
     try:
@@ -62,7 +54,7 @@ async def admit(state: AppState, tenant: TenantContext, plan: GenerationPlan) ->
         state.metrics.observe_rate_limited(tenant.name, "engine_overloaded")
         raise
     decision = await state.limiter.acquire(
-        str(tenant.tenant_id), tenant_limits(tenant), plan.reserved_tokens
+        str(tenant.tenant_id), tenant.limits, plan.reserved_tokens
     )
     if not decision.allowed:
         kind = decision.kind or "requests"

@@ -13,6 +13,7 @@ from starlette.background import BackgroundTask
 
 from loraplex.platform import crud
 from loraplex.platform.api.deps import CurrentTenant, RateLimitHeaders, SessionDep, StateDep
+from loraplex.platform.api.streaming import start_stream
 from loraplex.platform.schemas import ChatCompletionRequest, CompletionRequest, ModelList
 from loraplex.platform.schemas.openai_responses import (
     ChatCompletionResponse,
@@ -26,7 +27,6 @@ from loraplex.platform.services import (
     collect_completion,
     plan_chat,
     plan_completion,
-    start_stream,
     stream_chat,
     stream_completion,
 )
