@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Literal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -24,7 +25,9 @@ from prometheus_client import (
     generate_latest,
 )
 
-from loraplex.engine.stats import AdapterLoad, EngineStats
+from loraplex.engine.stats import AdapterLoad, AdapterTier, EngineStats
+from loraplex.platform.ratelimit import LimitKind
+from loraplex.platform.usage import RequestStatus
 
 OTHER = "other"
 DEFAULT_MAX_LABEL_VALUES = 1000
@@ -33,6 +36,10 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600)
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+# Why a request got a 429: one of the tenant's limits, or the engine's queue.
+RefusalKind = LimitKind | Literal["engine_overloaded"]
+ADAPTER_TIERS: tuple[AdapterTier, ...] = ("gpu", "cpu")
 
 
 class _BoundedLabel:
@@ -65,7 +72,7 @@ class Metrics:
         self._tenant = _BoundedLabel(max_label_values)
         self._adapter = _BoundedLabel(max_label_values)
         self._last_cumulative: dict[tuple[Counter, str], int] = {}
-        self._resident: dict[str, set[str]] = {}  # tier -> adapters with a residency series
+        self._resident: dict[AdapterTier, set[str]] = {}  # tier -> adapters with a residency series
         ns, reg = namespace, self.registry
         ta = ("tenant", "adapter")
 
@@ -171,7 +178,7 @@ class Metrics:
         self,
         tenant: str,
         adapter: str,
-        status: int | str,
+        status: RequestStatus,
         *,
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
@@ -182,7 +189,7 @@ class Metrics:
         """Record one finished request (any status). `adapter`: the adapter name, or the base
         model's name for base-model requests."""
         labels = (self._tenant(tenant), self._adapter(adapter))
-        self.requests.labels(*labels, str(status)).inc()
+        self.requests.labels(*labels, status).inc()
         if prompt_tokens > 0:
             self.tokens.labels(*labels, "prompt").inc(prompt_tokens)
         if completion_tokens > 0:
@@ -195,8 +202,8 @@ class Metrics:
         for gap in inter_token_s:
             itl.observe(gap)
 
-    def observe_rate_limited(self, tenant: str, kind: str) -> None:
-        """A 429: kind is requests | tokens | concurrency | engine_overloaded."""
+    def observe_rate_limited(self, tenant: str, kind: RefusalKind) -> None:
+        """One 429, by why."""
         self.rate_limited.labels(self._tenant(tenant), kind).inc()
 
     def observe_ratelimit_fallback(self) -> None:
@@ -229,7 +236,7 @@ class Metrics:
         gauges["kv_usage"].set(stats.kv_usage)
         gauges["prefix_cache_hit_rate"].set(stats.prefix_cache_hit_rate)
         gauges["throughput_tokens_per_s"].set(stats.throughput_tokens_per_s)
-        for tier in ("gpu", "cpu"):
+        for tier in ADAPTER_TIERS:
             resident = {self._adapter(r.lora_name) for r in stats.lora.resident if r.tier == tier}
             self.loaded_adapters.labels(tier).set(stats.lora.num_resident(tier))
             for gone in self._resident.get(tier, set()) - resident:

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 logger = logging.getLogger(__name__)
 
 JWTAlgorithm = Literal["HS256", "RS256"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class Settings(BaseSettings):
@@ -81,12 +82,17 @@ class Settings(BaseSettings):
     usage_flush_interval_s: float = Field(default=1.0, gt=0)
     usage_batch_size: int = Field(default=500, ge=1)
     usage_max_pending: int = Field(default=100_000, ge=1)
-    log_level: str = "INFO"
+    log_level: LogLevel = "INFO"
 
     @field_validator("database_url", "redis_url", "model")
     @classmethod
     def _empty_is_none(cls, value: str | None) -> str | None:
         return value or None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_case(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @property
     def resolved_database_url(self) -> str:

@@ -13,7 +13,13 @@ from sqlalchemy.orm import Session
 from loraplex.platform import crud
 from loraplex.platform.adapter_validator import engine_adapter_validator
 from loraplex.platform.auth import TokenCodec
-from loraplex.platform.db import Database, DatabaseNotMigratedError, Tenant, check_migrated
+from loraplex.platform.db import (
+    Database,
+    DatabaseNotMigratedError,
+    Tenant,
+    TenantTier,
+    check_migrated,
+)
 from loraplex.platform.db import upgrade as db_upgrade_to_head
 from loraplex.platform.demo.checkpoint import write_smollm2_checkpoint
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
@@ -89,7 +95,7 @@ def tenants_create(args: argparse.Namespace) -> int:
     body = TenantCreate.model_validate(
         {
             "name": args.name,
-            "priority": args.priority or "standard",
+            "priority": args.priority or TenantTier.STANDARD,
             "requests_per_minute": args.rpm,
             "tokens_per_minute": args.tpm,
             "max_concurrent_requests": args.concurrency,

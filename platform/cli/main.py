@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pydantic import ValidationError
 
 from loraplex.platform.cli import commands, serve
+from loraplex.platform.db import TenantStatus, TenantTier
 from loraplex.platform.errors import LoraplexError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -55,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _limit_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--priority", choices=("interactive", "standard", "batch"))
+    p.add_argument("--priority", choices=[tier.value for tier in TenantTier])
     p.add_argument("--rpm", type=int, help="requests per minute")
     p.add_argument("--tpm", type=int, help="tokens per minute")
     p.add_argument("--concurrency", type=int, help="concurrent requests")
@@ -73,7 +74,7 @@ def _tenant_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = tenants.add_parser("update")
     p.add_argument("tenant", help="name or id")
     _limit_args(p)
-    p.add_argument("--status", choices=("active", "suspended"))
+    p.add_argument("--status", choices=[status.value for status in TenantStatus])
     p.add_argument("--name", dest="new_name")
     p.set_defaults(handler=commands.tenants_update)
 

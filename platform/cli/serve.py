@@ -24,7 +24,7 @@ from loraplex.platform.cli.commands import CommandError
 from loraplex.platform.db import Database, DatabaseNotMigratedError, check_migrated
 from loraplex.platform.demo.bootstrap import bootstrap_demo, demo_banner
 from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
-from loraplex.platform.settings import Settings
+from loraplex.platform.settings import LogLevel, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +57,9 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: LogLevel) -> None:
     logging.basicConfig(
-        level=level.upper(),
+        level=level,
         format="%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s",
     )
     for handler in logging.getLogger().handlers:

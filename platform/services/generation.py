@@ -23,7 +23,7 @@ from loraplex.platform.errors import (
 )
 from loraplex.platform.ratelimit import RateLimitDecision, rate_limit_headers
 from loraplex.platform.state import AppState
-from loraplex.platform.usage import UsageEvent
+from loraplex.platform.usage import Endpoint, RequestStatus, UsageEvent
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class GenerationPlan:
     """Everything decided before admission."""
 
     request_id: str  # the engine's id and the response's `id`
-    endpoint: str  # "completions" | "chat.completions"
+    endpoint: Endpoint
     model: str  # as the client named it
     adapter: AdapterRef | None
     prompt_token_ids: list[int]
@@ -102,7 +102,7 @@ class GenerationRun:
         return self.plan.model
 
     async def outputs(self) -> AsyncGenerator[RequestOutput, None]:
-        status: str | None = None  # stays None if cancelled or the consumer leaves early
+        status: RequestStatus | None = None  # stays None if cancelled or the consumer leaves
         try:
             async for output in self.state.engine.generate(
                 request_id=self.plan.request_id,
@@ -138,7 +138,7 @@ class GenerationRun:
         self.num_completion_tokens = num_tokens
         self.num_cached_tokens = output.num_cached_tokens
 
-    async def finish(self, status: str) -> None:
+    async def finish(self, status: RequestStatus) -> None:
         if self._finished:
             return
         self._finished = True
@@ -179,7 +179,7 @@ class GenerationRun:
         )
 
 
-def _status_of(output: RequestOutput) -> str:
+def _status_of(output: RequestOutput) -> RequestStatus:
     reasons = {o.finish_reason for o in output.outputs}
     if "error" in reasons:
         return "error"
