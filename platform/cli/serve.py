@@ -20,8 +20,7 @@ from fastapi import FastAPI
 
 from loraplex.platform.api import RequestIdLogFilter
 from loraplex.platform.app import create_app
-from loraplex.platform.cli.commands import CommandError
-from loraplex.platform.db import Database, DatabaseNotMigratedError, check_migrated
+from loraplex.platform.cli.commands import CommandError, registry
 from loraplex.platform.demo.bootstrap import bootstrap_demo, demo_banner
 from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
 from loraplex.platform.settings import LogLevel, Settings
@@ -78,13 +77,8 @@ def serve(args: argparse.Namespace) -> int:
             setup, f"http://{settings.host}:{settings.port}", Path(settings.model).name
         )
     else:
-        db = Database(settings.resolved_database_url)
-        try:
-            check_migrated(db.engine)
-        except DatabaseNotMigratedError as e:
-            raise CommandError(str(e)) from e
-        finally:
-            db.dispose()
+        with registry(settings):  # an unmigrated database is refused before the model loads
+            pass
     app = create_app(settings)
     config = uvicorn.Config(
         app,

@@ -32,15 +32,7 @@ from loraplex.platform.services.outputs import (
     token_logprobs,
     usage_of,
 )
-from loraplex.platform.services.planning import (
-    build_sampling_params,
-    check_prompt,
-    check_text,
-    new_request_id,
-    resolve_adapter,
-    resolve_max_tokens,
-    resolve_priority,
-)
+from loraplex.platform.services.planning import build_plan, check_text, resolve_adapter
 from loraplex.platform.state import AppState
 
 
@@ -63,22 +55,23 @@ async def plan_chat(
         prompt_token_ids = await state.engine.encode_chat(messages)
     except ChatTemplateError as e:
         raise InvalidRequestError(str(e), param="messages") from e
-    check_prompt(state, prompt_token_ids, "messages")
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    max_tokens = resolve_max_tokens(state, body.requested_max_tokens, len(prompt_token_ids), param)
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= MAX_LOGPROBS:
         raise InvalidRequestError(
             f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs"
         )
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    return GenerationPlan(
-        request_id=new_request_id("chatcmpl"),
+    return build_plan(
+        state,
+        tenant,
+        body,
         endpoint="chat.completions",
-        model=body.model,
         adapter=adapter,
         prompt_token_ids=prompt_token_ids,
-        sampling_params=build_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs),
-        priority=resolve_priority(tenant, body.priority),
+        prompt_param="messages",
+        requested_max_tokens=body.requested_max_tokens,
+        max_tokens_param=(
+            "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        ),
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
 
 

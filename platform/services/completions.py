@@ -24,15 +24,7 @@ from loraplex.platform.services.outputs import (
     token_logprobs,
     usage_of,
 )
-from loraplex.platform.services.planning import (
-    build_sampling_params,
-    check_prompt,
-    check_text,
-    new_request_id,
-    resolve_adapter,
-    resolve_max_tokens,
-    resolve_priority,
-)
+from loraplex.platform.services.planning import build_plan, check_text, resolve_adapter
 from loraplex.platform.state import AppState
 
 
@@ -53,16 +45,16 @@ async def plan_completion(
     else:
         # Token ids go to the engine as they are: it checks them against its vocabulary.
         prompt_token_ids = list(prompt)  # type: ignore[arg-type]
-    check_prompt(state, prompt_token_ids, "prompt")
-    max_tokens = resolve_max_tokens(state, body.max_tokens, len(prompt_token_ids))
-    return GenerationPlan(
-        request_id=new_request_id("cmpl"),
+    return build_plan(
+        state,
+        tenant,
+        body,
         endpoint="completions",
-        model=body.model,
         adapter=adapter,
         prompt_token_ids=prompt_token_ids,
-        sampling_params=build_sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs),
-        priority=resolve_priority(tenant, body.priority),
+        prompt_param="prompt",
+        requested_max_tokens=body.max_tokens,
+        logprobs=body.logprobs,
     )
 
 
