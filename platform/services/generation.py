@@ -97,10 +97,6 @@ class GenerationRun:
         self._finished = False
         state.metrics.request_started(tenant.name)
 
-    @property
-    def adapter_label(self) -> str:
-        return self.plan.model
-
     async def outputs(self) -> AsyncGenerator[RequestOutput, None]:
         status: RequestStatus | None = None  # stays None if cancelled or the consumer leaves
         try:
@@ -169,7 +165,7 @@ class GenerationRun:
         ttft = (self._first_token_at - self.started) if self._first_token_at else None
         state.metrics.observe_request(
             tenant.name,
-            self.adapter_label,
+            plan.model,  # the adapter's name, or the base model's
             status,
             prompt_tokens=num_prompt,
             completion_tokens=self.num_completion_tokens,
