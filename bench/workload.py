@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-# Llama-3-8B's shape (REFERENCE.md's measurements use it).
+# Llama-3-8B's shape (the README's H200 figures use it).
 SHAPES = {
     "llama3-8b": {
         "architectures": ["LlamaForCausalLM"],

@@ -1,4 +1,4 @@
-"""`loraplex ...`: argument parsing and dispatch (see API.md, "Command line")."""
+"""`loraplex ...`: argument parsing and dispatch (docs/api.md, "Command line")."""
 
 from __future__ import annotations
 

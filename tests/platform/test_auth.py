@@ -1,4 +1,6 @@
-"""Authentication and authorisation: every auth bad input from REFERENCE.md."""
+"""Authentication and authorisation: every bad credential we know of (alg=none, HS/RS confusion,
+wrong aud/iss, expired and future tokens, near-miss, revoked and doubled keys, suspended tenants),
+and deny-by-default on every route of the app."""
 
 from __future__ import annotations
 
