@@ -19,7 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from loraplex.engine import LLM, LoRARequest, SamplingParams  # noqa: E402
-from loraplex.engine.model.demo_checkpoint import write_random_checkpoint  # noqa: E402
+from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint  # noqa: E402
 from tests.engine.hf_reference import hf_greedy_on  # noqa: E402
 from tests.engine.lora_adapters import write_peft_adapter  # noqa: E402
 

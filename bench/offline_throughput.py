@@ -186,7 +186,7 @@ def main() -> None:
     elif args.model:
         model_dir = Path(args.model)
     else:
-        from loraplex.engine.model.demo_checkpoint import ensure_demo_checkpoint
+        from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
 
         model_dir = ensure_demo_checkpoint(None)
     config = json.loads((model_dir / "config.json").read_text())

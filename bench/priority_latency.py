@@ -101,7 +101,7 @@ def main() -> None:
     elif args.model:
         model_dir = Path(args.model)
     else:
-        from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+        from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 
         model_dir = write_random_checkpoint(
             tmp / "tiny", "llama", hidden_size=256, num_layers=4, intermediate_size=512

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-# Llama-3-8B's shape (REFERENCE.md's measurements use it).
+# Llama-3-8B's shape (the README's H200 figures use it).
 SHAPES = {
     "llama3-8b": {
         "architectures": ["LlamaForCausalLM"],
@@ -46,7 +46,7 @@ def synthetic_prompts(
 
 def write_shape_checkpoint(shape: str, out_dir: Path) -> Path:
     """config.json of a named shape plus a small tokenizer; weights come from load_format=dummy."""
-    from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+    from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 
     if out_dir.exists():
         shutil.rmtree(out_dir)

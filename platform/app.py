@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
 
 import anyio
 from fastapi import FastAPI
 
+from loraplex.engine.async_engine import AsyncEngine
 from loraplex.platform.api import (
     RequestContextMiddleware,
     api_router,
@@ -31,15 +31,10 @@ from loraplex.platform.state import AppState
 from loraplex.platform.storage import AdapterStore
 from loraplex.platform.usage import UsageWriter
 
-if TYPE_CHECKING:
-    from loraplex.engine.async_engine import AsyncEngine
-
 logger = logging.getLogger(__name__)
 
 
 async def _load_engine(settings: Settings) -> AsyncEngine:
-    from loraplex.engine.async_engine import AsyncEngine
-
     model = settings.model
     if not model:
         raise RuntimeError(

@@ -10,19 +10,17 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import anyio
 
+from loraplex.engine.async_engine import AsyncEngine
 from loraplex.engine.request import LoRARequest, RequestOutput, SamplingParams
 from loraplex.engine.stats import EngineStats
+from loraplex.engine.tokenizer import Tokenizer
 from loraplex.platform.crud import AdapterRef
 from loraplex.platform.errors import EngineOverloadedError, ServiceUnavailableError
 from loraplex.platform.ratelimit import BackpressureGate
-
-if TYPE_CHECKING:
-    from loraplex.engine.async_engine import AsyncEngine
-    from loraplex.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from loraplex.platform.ratelimit.limits import LimitKind
+
 
 class LoraplexError(Exception):
     """Base class: `message` is safe to show to the client; `param` names the field."""
@@ -47,7 +49,7 @@ class RateLimitedError(LoraplexError):
         self,
         message: str,
         *,
-        kind: str,
+        kind: LimitKind,
         retry_after_s: float,
         headers: dict[str, str] | None = None,
     ) -> None:

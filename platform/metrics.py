@@ -13,7 +13,8 @@ the engine's adapter-load observer (`AsyncEngine.observe_adapter_loads`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Literal, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -24,8 +25,11 @@ from prometheus_client import (
     generate_latest,
 )
 
-from loraplex.engine.stats import AdapterLoad, EngineStats
+from loraplex.engine.stats import AdapterLoad, AdapterTier, EngineStats
+from loraplex.platform.ratelimit import LimitKind
+from loraplex.platform.usage import RequestStatus
 
+M = TypeVar("M", Counter, Gauge)
 OTHER = "other"
 DEFAULT_MAX_LABEL_VALUES = 1000
 
@@ -33,6 +37,10 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600)
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+# Why a request got a 429: one of the tenant's limits, or the engine's queue.
+RefusalKind = LimitKind | Literal["engine_overloaded"]
+ADAPTER_TIERS: tuple[AdapterTier, ...] = ("gpu", "cpu")
 
 
 class _BoundedLabel:
@@ -53,6 +61,20 @@ class _BoundedLabel:
         return value
 
 
+# Engine gauges: (name, help, its value in an `EngineStats` snapshot).
+_ENGINE_GAUGES: tuple[tuple[str, str, Callable[[EngineStats], float]], ...] = (
+    ("num_requests_running", "Requests in the running batch.", lambda s: s.num_running),
+    ("num_requests_waiting", "Requests queued for admission.", lambda s: s.num_waiting),
+    ("num_requests_swapped", "Preempted requests swapped to CPU.", lambda s: s.num_swapped),
+    ("num_waiting_tokens", "Tokens of queued requests.", lambda s: s.num_waiting_tokens),
+    ("kv_blocks_used", "KV cache blocks in use.", lambda s: s.kv_blocks_used),
+    ("kv_blocks_total", "KV cache blocks in the pool.", lambda s: s.kv_blocks_total),
+    ("kv_usage_ratio", "Fraction of KV cache blocks in use.", lambda s: s.kv_usage),
+    ("prefix_cache_hit_rate", "Prefix cache hit rate.", lambda s: s.prefix_cache_hit_rate),
+    ("throughput_tokens_per_second", "Recent tok/s.", lambda s: s.throughput_tokens_per_s),
+)
+
+
 class Metrics:
     """Every Loraplex metric, registered in `self.registry`."""
 
@@ -62,107 +84,86 @@ class Metrics:
         self, namespace: str = "loraplex", max_label_values: int = DEFAULT_MAX_LABEL_VALUES
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._namespace = namespace
         self._tenant = _BoundedLabel(max_label_values)
         self._adapter = _BoundedLabel(max_label_values)
         self._last_cumulative: dict[tuple[Counter, str], int] = {}
-        self._resident: dict[str, set[str]] = {}  # tier -> adapters with a residency series
-        ns, reg = namespace, self.registry
+        self._resident: dict[AdapterTier, set[str]] = {}  # tier -> adapters with a residency series
         ta = ("tenant", "adapter")
 
-        self.requests = Counter(
-            "requests", "Finished requests.", (*ta, "status"), namespace=ns, registry=reg
+        self.requests = self._metric(Counter, "requests", "Finished requests.", (*ta, "status"))
+        self.tokens = self._metric(
+            Counter, "tokens", "Prompt and completion tokens.", (*ta, "kind")
         )
-        self.tokens = Counter(
-            "tokens", "Prompt and completion tokens.", (*ta, "kind"), namespace=ns, registry=reg
+        self.time_to_first_token = self._histogram(
+            "time_to_first_token_seconds", "Arrival to first output token.", ta, TTFT_BUCKETS
         )
-        self.time_to_first_token = Histogram(
-            "time_to_first_token_seconds",
-            "Arrival to first output token.",
-            ta,
-            namespace=ns,
-            registry=reg,
-            buckets=TTFT_BUCKETS,
+        self.inter_token_latency = self._histogram(
+            "inter_token_latency_seconds", "Gap between consecutive output tokens.", ta, ITL_BUCKETS
         )
-        self.inter_token_latency = Histogram(
-            "inter_token_latency_seconds",
-            "Gap between consecutive output tokens.",
-            ta,
-            namespace=ns,
-            registry=reg,
-            buckets=ITL_BUCKETS,
+        self.e2e_latency = self._histogram(
+            "e2e_request_latency_seconds", "Arrival to last byte of the response.", ta, E2E_BUCKETS
         )
-        self.e2e_latency = Histogram(
-            "e2e_request_latency_seconds",
-            "Arrival to last byte of the response.",
-            ta,
-            namespace=ns,
-            registry=reg,
-            buckets=E2E_BUCKETS,
+        self.requests_in_flight = self._metric(
+            Gauge, "requests_in_flight", "Admitted requests not yet finished.", ("tenant",)
         )
-        self.requests_in_flight = Gauge(
-            "requests_in_flight",
-            "Admitted requests not yet finished.",
-            ("tenant",),
-            namespace=ns,
-            registry=reg,
+        self.rate_limited = self._metric(
+            Counter, "rate_limited", "Requests refused with 429, by limit kind.", ("tenant", "kind")
         )
-        self.rate_limited = Counter(
-            "rate_limited",
-            "Requests refused with 429, by limit kind.",
-            ("tenant", "kind"),
-            namespace=ns,
-            registry=reg,
-        )
-        self.ratelimit_fallback = Counter(
+        self.ratelimit_fallback = self._metric(
+            Counter,
             "ratelimit_fallback",
             "Rate-limit decisions made in-process while Redis was down.",
-            namespace=ns,
-            registry=reg,
         )
-        self.adapter_load_seconds = Histogram(
+        self.adapter_load_seconds = self._histogram(
             "adapter_load_seconds",
             "Adapter load time: disk to CPU cache (read, validate), CPU cache to GPU slot.",
             ("adapter", "tier"),
-            namespace=ns,
-            registry=reg,
-            buckets=LOAD_BUCKETS,
+            LOAD_BUCKETS,
         )
-        self._init_engine_metrics(ns, reg)
-
-    def _init_engine_metrics(self, ns: str, reg: CollectorRegistry) -> None:
-        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
-            return Gauge(name, doc, labels, namespace=ns, subsystem="engine", registry=reg)
-
-        self.engine_gauges: dict[str, Gauge] = {
-            "num_running": gauge("num_requests_running", "Requests in the running batch."),
-            "num_waiting": gauge("num_requests_waiting", "Requests queued for admission."),
-            "num_swapped": gauge("num_requests_swapped", "Preempted requests swapped to CPU."),
-            "num_waiting_tokens": gauge("num_waiting_tokens", "Tokens of queued requests."),
-            "kv_blocks_used": gauge("kv_blocks_used", "KV cache blocks in use."),
-            "kv_blocks_total": gauge("kv_blocks_total", "KV cache blocks in the pool."),
-            "kv_usage": gauge("kv_usage_ratio", "Fraction of KV cache blocks in use."),
-            "prefix_cache_hit_rate": gauge("prefix_cache_hit_rate", "Prefix cache hit rate."),
-            "throughput_tokens_per_s": gauge("throughput_tokens_per_second", "Recent tok/s."),
-        }
-        self.loaded_adapters = gauge("loaded_adapters", "Adapters resident, by tier.", ("tier",))
-        self.adapter_resident = gauge(
-            "adapter_resident", "1 while the adapter is resident in the tier.", ("adapter", "tier")
+        # The engine's own state, from its stats snapshots.
+        self.engine_gauges = [
+            (self._metric(Gauge, name, doc, subsystem="engine"), value_of)
+            for name, doc, value_of in _ENGINE_GAUGES
+        ]
+        self.loaded_adapters = self._metric(
+            Gauge, "loaded_adapters", "Adapters resident, by tier.", ("tier",), subsystem="engine"
         )
-        self.preemptions = Counter(
-            "preemptions",
-            "Preempted requests, by mode.",
-            ("mode",),
-            namespace=ns,
+        self.adapter_resident = self._metric(
+            Gauge,
+            "adapter_resident",
+            "1 while the adapter is resident in the tier.",
+            ("adapter", "tier"),
             subsystem="engine",
-            registry=reg,
         )
-        self.adapter_events = Counter(
+        self.preemptions = self._metric(
+            Counter, "preemptions", "Preempted requests, by mode.", ("mode",), subsystem="engine"
+        )
+        self.adapter_events = self._metric(
+            Counter,
             "adapter_events",
             "Adapter loads into and evictions from GPU slots.",
             ("event",),
-            namespace=ns,
             subsystem="engine",
-            registry=reg,
+        )
+
+    def _metric(
+        self, kind: type[M], name: str, doc: str, labels: tuple[str, ...] = (), subsystem: str = ""
+    ) -> M:
+        return kind(
+            name,
+            doc,
+            labels,
+            namespace=self._namespace,
+            subsystem=subsystem,
+            registry=self.registry,
+        )
+
+    def _histogram(
+        self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]
+    ) -> Histogram:
+        return Histogram(
+            name, doc, labels, namespace=self._namespace, registry=self.registry, buckets=buckets
         )
 
     # -- requests ------------------------------------------------------------------------
@@ -171,7 +172,7 @@ class Metrics:
         self,
         tenant: str,
         adapter: str,
-        status: int | str,
+        status: RequestStatus,
         *,
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
@@ -182,7 +183,7 @@ class Metrics:
         """Record one finished request (any status). `adapter`: the adapter name, or the base
         model's name for base-model requests."""
         labels = (self._tenant(tenant), self._adapter(adapter))
-        self.requests.labels(*labels, str(status)).inc()
+        self.requests.labels(*labels, status).inc()
         if prompt_tokens > 0:
             self.tokens.labels(*labels, "prompt").inc(prompt_tokens)
         if completion_tokens > 0:
@@ -195,8 +196,8 @@ class Metrics:
         for gap in inter_token_s:
             itl.observe(gap)
 
-    def observe_rate_limited(self, tenant: str, kind: str) -> None:
-        """A 429: kind is requests | tokens | concurrency | engine_overloaded."""
+    def observe_rate_limited(self, tenant: str, kind: RefusalKind) -> None:
+        """One 429, by why."""
         self.rate_limited.labels(self._tenant(tenant), kind).inc()
 
     def observe_ratelimit_fallback(self) -> None:
@@ -219,17 +220,9 @@ class Metrics:
 
     def update_engine_gauges(self, stats: EngineStats) -> None:
         """Refresh engine gauges and counters from `engine.get_stats()` (call on each scrape)."""
-        gauges = self.engine_gauges
-        gauges["num_running"].set(stats.num_running)
-        gauges["num_waiting"].set(stats.num_waiting)
-        gauges["num_swapped"].set(stats.num_swapped)
-        gauges["num_waiting_tokens"].set(stats.num_waiting_tokens)
-        gauges["kv_blocks_used"].set(stats.kv_blocks_used)
-        gauges["kv_blocks_total"].set(stats.kv_blocks_total)
-        gauges["kv_usage"].set(stats.kv_usage)
-        gauges["prefix_cache_hit_rate"].set(stats.prefix_cache_hit_rate)
-        gauges["throughput_tokens_per_s"].set(stats.throughput_tokens_per_s)
-        for tier in ("gpu", "cpu"):
+        for gauge, value_of in self.engine_gauges:
+            gauge.set(value_of(stats))
+        for tier in ADAPTER_TIERS:
             resident = {self._adapter(r.lora_name) for r in stats.lora.resident if r.tier == tier}
             self.loaded_adapters.labels(tier).set(stats.lora.num_resident(tier))
             for gone in self._resident.get(tier, set()) - resident:

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 logger = logging.getLogger(__name__)
 
 JWTAlgorithm = Literal["HS256", "RS256"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class Settings(BaseSettings):
@@ -81,12 +82,17 @@ class Settings(BaseSettings):
     usage_flush_interval_s: float = Field(default=1.0, gt=0)
     usage_batch_size: int = Field(default=500, ge=1)
     usage_max_pending: int = Field(default=100_000, ge=1)
-    log_level: str = "INFO"
+    log_level: LogLevel = "INFO"
 
     @field_validator("database_url", "redis_url", "model")
     @classmethod
     def _empty_is_none(cls, value: str | None) -> str | None:
         return value or None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_case(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @property
     def resolved_database_url(self) -> str:
@@ -100,19 +106,18 @@ class Settings(BaseSettings):
 
     def jwt_signing_key(self) -> str:
         """The key that signs tokens: the HS256 secret or the RS256 private key (PEM)."""
-        if self.jwt_algorithm == "HS256":
-            return self.hs256_secret()
-        if self.jwt_private_key_file is None:
-            raise RuntimeError("LORAPLEX_JWT_PRIVATE_KEY_FILE is needed to issue RS256 tokens")
-        return self.jwt_private_key_file.read_text()
+        return self._jwt_key(self.jwt_private_key_file, "LORAPLEX_JWT_PRIVATE_KEY_FILE", "issue")
 
     def jwt_verification_key(self) -> str:
         """The key that verifies tokens: the HS256 secret or the RS256 public key (PEM)."""
+        return self._jwt_key(self.jwt_public_key_file, "LORAPLEX_JWT_PUBLIC_KEY_FILE", "verify")
+
+    def _jwt_key(self, rs256_file: Path | None, variable: str, use: str) -> str:
         if self.jwt_algorithm == "HS256":
             return self.hs256_secret()
-        if self.jwt_public_key_file is None:
-            raise RuntimeError("LORAPLEX_JWT_PUBLIC_KEY_FILE is needed to verify RS256 tokens")
-        return self.jwt_public_key_file.read_text()
+        if rs256_file is None:
+            raise RuntimeError(f"{variable} is needed to {use} RS256 tokens")
+        return rs256_file.read_text()
 
     def hs256_secret(self) -> str:
         if self.jwt_secret is None:

@@ -14,6 +14,7 @@ import logging
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from typing import Literal
 
 import anyio
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -23,6 +24,11 @@ from loraplex.platform.db import Database, utcnow
 
 logger = logging.getLogger(__name__)
 
+Endpoint = Literal["completions", "chat.completions"]
+# ok: finished; error: failed (the engine's fault or a request it refused); aborted: the client
+# left or the server shut down before the end.
+RequestStatus = Literal["ok", "error", "aborted"]
+
 
 @dataclass(frozen=True)
 class UsageEvent:
@@ -31,11 +37,11 @@ class UsageEvent:
     api_key_id: int | None
     adapter_id: int | None
     model: str
-    endpoint: str
+    endpoint: Endpoint
     prompt_tokens: int
     completion_tokens: int
     latency_ms: int
-    status: str  # ok | error | aborted
+    status: RequestStatus
     created_at: datetime = field(default_factory=utcnow)
 
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loraplex.engine.model.demo_checkpoint import ensure_demo_checkpoint, write_random_checkpoint
+from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
+from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 
 CheckpointFactory = Callable[..., Path]
 

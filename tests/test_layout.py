@@ -26,3 +26,14 @@ def test_packages_import_under_the_loraplex_name():
     # Installed in strict editable mode: the package's files are links to the repo's.
     assert Path(loraplex.engine.__file__).resolve().parent == ROOT / "engine"
     assert Path(loraplex.kernels.__file__).resolve().parent == ROOT / "kernels"
+
+
+def test_the_engine_never_imports_the_platform():
+    # The engine is a library of its own: demo code (platform/demo) and the service sit above it.
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "engine").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "loraplex.platform" in line
+    ]
+    assert not offenders, offenders

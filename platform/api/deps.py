@@ -20,7 +20,6 @@ from loraplex.platform.auth import (
 )
 from loraplex.platform.errors import AuthenticationError, InvalidRequestError
 from loraplex.platform.ratelimit import rate_limit_headers
-from loraplex.platform.services.generation import tenant_limits
 from loraplex.platform.settings import Settings
 from loraplex.platform.state import AppState
 
@@ -94,12 +93,16 @@ def get_admin(state: StateDep, credential: CredentialDep) -> AdminContext:
 AdminDep = Annotated[AdminContext, Depends(get_admin)]
 
 
+async def peek_rate_limit_headers(state: AppState, tenant: TenantContext) -> dict[str, str]:
+    """The tenant's x-ratelimit-* headers now, spending nothing."""
+    return rate_limit_headers(await state.limiter.peek(str(tenant.tenant_id), tenant.limits))
+
+
 async def add_rate_limit_headers(
     response: Response, state: StateDep, tenant: CurrentTenant
 ) -> None:
     """x-ratelimit-* on tenant responses that do not spend the limits themselves."""
-    decision = await state.limiter.peek(str(tenant.tenant_id), tenant_limits(tenant))
-    response.headers.update(rate_limit_headers(decision))
+    response.headers.update(await peek_rate_limit_headers(state, tenant))
 
 
 RateLimitHeaders = Depends(add_rate_limit_headers)

@@ -1,11 +1,17 @@
-"""The one place errors become HTTP responses, all in OpenAI's shape:
-`{"error": {"message", "type", "param", "code"}}`."""
+"""The one place errors become HTTP errors, all in OpenAI's shape:
+`{"error": {"message", "type", "param", "code"}}`.
+
+`describe(exc)` is the whole mapping: the app's exception handlers send it as a JSON response,
+and a stream whose 200 already went out sends the same body as its last event
+(`api/streaming.py`).
+"""
 
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,31 +27,132 @@ from loraplex.engine.errors import (
     RequestTooLongError,
 )
 from loraplex.platform import errors as e
+from loraplex.platform.api.deps import peek_rate_limit_headers
+from loraplex.platform.schemas import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)
 
-# exception class -> (HTTP status, error type, error code)
-_STATUS: list[tuple[type[e.LoraplexError], int, str, str | None]] = [
-    (e.ContextLengthExceededError, 400, "invalid_request_error", "context_length_exceeded"),
-    (e.InvalidRequestError, 400, "invalid_request_error", None),
-    (e.AuthenticationError, 401, "invalid_request_error", "invalid_api_key"),
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+# Errors a client or the service causes on purpose -> (HTTP status, error type, error code).
+# First match wins: subclasses before their bases.
+_KNOWN: list[tuple[type[Exception], int, str, str | None]] = [
+    (e.ContextLengthExceededError, 400, INVALID_REQUEST, "context_length_exceeded"),
+    (e.InvalidRequestError, 400, INVALID_REQUEST, None),
+    (RequestTooLongError, 400, INVALID_REQUEST, "context_length_exceeded"),
+    (InvalidParameterError, 400, INVALID_REQUEST, None),
+    (e.AuthenticationError, 401, INVALID_REQUEST, "invalid_api_key"),
     (e.PermissionDeniedError, 403, "permission_error", "permission_denied"),
-    (e.ModelNotFoundError, 404, "invalid_request_error", "model_not_found"),
-    (e.NotFoundError, 404, "invalid_request_error", "not_found"),
-    (e.ConflictError, 409, "invalid_request_error", "conflict"),
+    (e.ModelNotFoundError, 404, INVALID_REQUEST, "model_not_found"),
+    (e.NotFoundError, 404, INVALID_REQUEST, "not_found"),
+    (e.ConflictError, 409, INVALID_REQUEST, "conflict"),
     (e.EngineOverloadedError, 429, "engine_overloaded", "engine_overloaded"),
-    (e.ServiceUnavailableError, 503, "server_error", "service_unavailable"),
-    (e.EngineFailureError, 500, "server_error", "engine_error"),
+    (e.EngineFailureError, 500, SERVER_ERROR, "engine_error"),
+    (e.ServiceUnavailableError, 503, SERVER_ERROR, "service_unavailable"),
 ]
-_HTTP_TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    431: "invalid_request_error",
-}
+# Failures whose own message must not reach the client: (status, code, message, headers).
+_HIDDEN: list[tuple[tuple[type[Exception], ...], int, str, str, dict[str, str]]] = [
+    # Registered adapters were validated; failing now means the stored files are damaged.
+    (
+        (InvalidAdapterError,),
+        500,
+        "adapter_load_failed",
+        "the adapter could not be loaded; contact the operator",
+        {},
+    ),
+    ((EngineDeadError,), 503, "service_unavailable", "the engine is not running", {}),
+    # Authentication needs the registry: it fails closed, with a retryable 503.
+    (
+        (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError),
+        503,
+        "service_unavailable",
+        "the registry database is unavailable; retry later",
+        {"retry-after": "5"},
+    ),
+]
+# What the app's exception handlers take; anything else is a bug (the middleware's bare 500).
+HANDLED: tuple[type[Exception], ...] = (
+    e.LoraplexError,
+    *(cls for cls, *_ in _KNOWN),
+    *(cls for classes, *_ in _HIDDEN for cls in classes),
+    RequestValidationError,
+    StarletteHTTPException,
+)
+
+
+@dataclass(frozen=True)
+class ApiError:
+    """One error as the client sees it."""
+
+    status: int
+    type: str
+    message: str
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self) -> ErrorResponse:
+        return ErrorResponse(
+            error=ErrorDetail(
+                message=_safe(self.message),
+                type=self.type,
+                param=_safe(self.param) if self.param else None,
+                code=self.code,
+            )
+        )
+
+
+def describe(exc: Exception) -> ApiError:
+    """What the client is told about `exc` (an unexpected one is a bare 500)."""
+    if isinstance(exc, e.RateLimitedError):
+        headers = {**exc.headers, "retry-after": _retry_after(exc.retry_after_s)}
+        return ApiError(429, exc.kind, exc.message, code="rate_limit_exceeded", headers=headers)
+    for cls, status, type_, code in _KNOWN:
+        if isinstance(exc, cls):
+            return ApiError(status, type_, _message(exc), _param(exc), code, _headers(exc))
+    for classes, status, code, message, headers in _HIDDEN:
+        if isinstance(exc, classes):
+            return ApiError(status, SERVER_ERROR, message, code=code, headers=headers)
+    if isinstance(exc, RequestValidationError):
+        return _validation_error(exc)
+    if isinstance(exc, StarletteHTTPException):
+        status = exc.status_code
+        type_ = (
+            "permission_error"
+            if status == 403
+            else INVALID_REQUEST
+            if status < 500
+            else SERVER_ERROR
+        )
+        code = "not_found" if status == 404 else None
+        return ApiError(status, type_, str(exc.detail), code=code, headers=dict(exc.headers or {}))
+    return ApiError(500, SERVER_ERROR, "internal server error")
+
+
+def log_error(exc: Exception, error: ApiError) -> None:
+    """Server-side failures are logged (with the traceback when unexpected); what a client got
+    wrong is not."""
+    if error.status < 500:
+        return
+    if isinstance(exc, HANDLED):
+        logger.warning("%s: %s", type(exc).__name__, exc)
+    else:
+        logger.error("unhandled error", exc_info=exc)
+
+
+def _message(exc: Exception) -> str:
+    return exc.message if isinstance(exc, e.LoraplexError) else str(exc)
+
+
+def _param(exc: Exception) -> str | None:
+    return exc.param if isinstance(exc, e.LoraplexError | InvalidParameterError) else None
+
+
+def _headers(exc: Exception) -> dict[str, str]:
+    if isinstance(exc, e.EngineOverloadedError):
+        return {"retry-after": _retry_after(exc.retry_after_s)}
+    return {}
 
 
 def _safe(text: str) -> str:
@@ -53,65 +160,8 @@ def _safe(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")[:2000]
 
 
-def error_response(
-    status: int,
-    message: str,
-    *,
-    type: str,
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    body = {
-        "error": {
-            "message": _safe(message),
-            "type": type,
-            "param": _safe(param) if param else None,
-            "code": code,
-        }
-    }
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 def _retry_after(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
-
-
-async def _loraplex_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, e.LoraplexError)
-    if isinstance(exc, e.RateLimitedError):
-        limit_headers = {**exc.headers, "retry-after": _retry_after(exc.retry_after_s)}
-        return error_response(
-            429, exc.message, type=exc.kind, code="rate_limit_exceeded", headers=limit_headers
-        )
-    for cls, status, type_, code in _STATUS:
-        if isinstance(exc, cls):
-            headers: dict[str, str] | None = None
-            if isinstance(exc, e.EngineOverloadedError):
-                headers = {"retry-after": _retry_after(exc.retry_after_s)}
-            if status >= 500:
-                logger.warning("%s: %s", type(exc).__name__, exc.message)
-            return error_response(
-                status, exc.message, type=type_, param=exc.param, code=code, headers=headers
-            )
-    return await _unhandled(request, exc)
-
-
-async def _engine_invalid_request(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, InvalidParameterError)
-    code = "context_length_exceeded" if isinstance(exc, RequestTooLongError) else None
-    return error_response(400, str(exc), type="invalid_request_error", param=exc.param, code=code)
-
-
-async def _invalid_adapter(request: Request, exc: Exception) -> JSONResponse:
-    # Registered adapters were validated; failing now means the stored files are damaged.
-    logger.error("adapter failed to load: %s", exc)
-    return error_response(
-        500,
-        "the adapter could not be loaded; contact the operator",
-        type="server_error",
-        code="adapter_load_failed",
-    )
 
 
 def _is_union_tag(part: object) -> bool:
@@ -132,8 +182,7 @@ def _param_of(loc: tuple[object, ...] | list[object]) -> str | None:
     return ".".join(parts) or None
 
 
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
+def _validation_error(exc: RequestValidationError) -> ApiError:
     errors = exc.errors()
     first: dict[str, Any] = errors[0] if errors else {}
     param = _param_of(first.get("loc", ()))
@@ -144,78 +193,29 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         message = "the body must be a JSON object (Content-Type: application/json)"
     elif param:
         message = f"{param}: {message}"
-    return error_response(400, message, type="invalid_request_error", param=param)
+    return ApiError(400, INVALID_REQUEST, message, param)
 
 
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    status = exc.status_code
-    return error_response(
-        status,
-        str(exc.detail),
-        type=_HTTP_TYPES.get(status, "server_error"),
-        code="not_found" if status == 404 else None,
-        headers=dict(exc.headers or {}),
+async def _handle(request: Request, exc: Exception) -> JSONResponse:
+    error = describe(exc)
+    log_error(exc, error)
+    headers = dict(error.headers)
+    tenant = getattr(request.state, "tenant", None)
+    if tenant is not None and error.status != 429:  # a 429 carries its own x-ratelimit-*
+        try:
+            headers.update(await peek_rate_limit_headers(request.app.state.loraplex, tenant))
+        except Exception:  # headers are a courtesy; never turn an error into a 500
+            logger.exception("could not add rate-limit headers")
+    return JSONResponse(
+        error.body().model_dump(mode="json"), status_code=error.status, headers=headers
     )
-
-
-async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error", exc_info=exc)
-    return error_response(500, "internal server error", type="server_error")
 
 
 Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
 
 
-def _with_rate_limit_headers(handler: Handler) -> Handler:
-    """x-ratelimit-* on a tenant's error responses too (a 429 already has its own)."""
-
-    async def wrapped(request: Request, exc: Exception) -> JSONResponse:
-        response = await handler(request, exc)
-        tenant = getattr(request.state, "tenant", None)
-        if tenant is not None and response.status_code != 429:
-            from loraplex.platform.ratelimit import rate_limit_headers
-            from loraplex.platform.services.generation import tenant_limits
-
-            try:
-                limiter = request.app.state.loraplex.limiter
-                decision = await limiter.peek(str(tenant.tenant_id), tenant_limits(tenant))
-                response.headers.update(rate_limit_headers(decision))
-            except Exception:  # headers are a courtesy; never turn an error into a 500
-                logger.exception("could not add rate-limit headers")
-        return response
-
-    return wrapped
-
-
 def install_error_handlers(app: FastAPI) -> None:
-    async def _engine_dead(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("engine is dead: %s", exc)
-        return error_response(
-            503, "the engine is not running", type="server_error", code="service_unavailable"
-        )
-
-    async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        # Authentication needs the registry: it fails closed, with a retryable 503.
-        logger.error("database unavailable: %s", exc)
-        return error_response(
-            503,
-            "the registry database is unavailable; retry later",
-            type="server_error",
-            code="service_unavailable",
-            headers={"retry-after": "5"},
-        )
-
-    handlers: list[tuple[type[Exception], Handler]] = [
-        (sa_exc.OperationalError, _database_unavailable),
-        (sa_exc.InterfaceError, _database_unavailable),
-        (sa_exc.TimeoutError, _database_unavailable),
-        (e.LoraplexError, _loraplex_error),
-        (InvalidParameterError, _engine_invalid_request),
-        (InvalidAdapterError, _invalid_adapter),
-        (EngineDeadError, _engine_dead),
-        (RequestValidationError, _validation_error),
-        (StarletteHTTPException, _http_error),
-    ]
-    for exc_class, handler in handlers:
-        app.add_exception_handler(exc_class, _with_rate_limit_headers(handler))
+    """Every error the app answers goes through `describe` (plus x-ratelimit-* on a tenant's)."""
+    handler: Handler = _handle
+    for exc_class in HANDLED:
+        app.add_exception_handler(exc_class, handler)

@@ -20,6 +20,7 @@ from loraplex.platform.auth.api_keys import (
 from loraplex.platform.auth.tokens import TokenCodec
 from loraplex.platform.db import ApiKey, Tenant, TenantStatus, TenantTier, utcnow
 from loraplex.platform.errors import AuthenticationError, PermissionDeniedError
+from loraplex.platform.ratelimit import TenantLimits
 
 # last_used_at is refreshed at most this often: one write per key per minute, not per request.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
@@ -37,6 +38,14 @@ class TenantContext:
     tokens_per_minute: int
     max_concurrent_requests: int
     api_key_id: int | None
+
+    @property
+    def limits(self) -> TenantLimits:
+        return TenantLimits(
+            requests_per_minute=self.requests_per_minute,
+            tokens_per_minute=self.tokens_per_minute,
+            max_concurrent_requests=self.max_concurrent_requests,
+        )
 
     @classmethod
     def of(cls, tenant: Tenant, api_key_id: int | None) -> TenantContext:

@@ -11,9 +11,18 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from loraplex.platform import crud
+from loraplex.platform.adapter_validator import engine_adapter_validator
 from loraplex.platform.auth import TokenCodec
-from loraplex.platform.db import Database, DatabaseNotMigratedError, Tenant, check_migrated
+from loraplex.platform.db import (
+    Database,
+    DatabaseNotMigratedError,
+    Tenant,
+    TenantTier,
+    check_migrated,
+)
 from loraplex.platform.db import upgrade as db_upgrade_to_head
+from loraplex.platform.demo.checkpoint import write_smollm2_checkpoint
+from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from loraplex.platform.schemas import ApiKeyCreate, TenantCreate, TenantUpdate
 from loraplex.platform.settings import Settings
 from loraplex.platform.storage import AdapterStore
@@ -65,13 +74,11 @@ def admin_token(args: argparse.Namespace) -> int:
 
 
 def demo_model(args: argparse.Namespace) -> int:
-    from loraplex.engine.model import demo_checkpoint
-
     path = Path(args.path)
     if args.random:
-        demo_checkpoint.write_random_checkpoint(path)
+        write_random_checkpoint(path)
     else:
-        demo_checkpoint.write_smollm2_checkpoint(path)
+        write_smollm2_checkpoint(path)
     print(f"wrote {path}")
     return 0
 
@@ -88,7 +95,7 @@ def tenants_create(args: argparse.Namespace) -> int:
     body = TenantCreate.model_validate(
         {
             "name": args.name,
-            "priority": args.priority or "standard",
+            "priority": args.priority or TenantTier.STANDARD,
             "requests_per_minute": args.rpm,
             "tokens_per_minute": args.tpm,
             "max_concurrent_requests": args.concurrency,
@@ -155,8 +162,6 @@ def keys_revoke(args: argparse.Namespace) -> int:
 
 
 def adapters_add(args: argparse.Namespace) -> int:
-    from loraplex.platform.adapters import engine_adapter_validator
-
     settings = Settings()
     model = args.model or settings.model
     if not model:

@@ -1,16 +1,15 @@
-"""`loraplex ...`: argument parsing and dispatch (see API.md, "Command line")."""
+"""`loraplex ...`: argument parsing and dispatch (docs/api.md, "Command line")."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Sequence
 
 from pydantic import ValidationError
 
-from loraplex.platform.api import RequestIdLogFilter
 from loraplex.platform.cli import commands, serve
+from loraplex.platform.db import TenantStatus, TenantTier
 from loraplex.platform.errors import LoraplexError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -57,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _limit_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--priority", choices=("interactive", "standard", "batch"))
+    p.add_argument("--priority", choices=[tier.value for tier in TenantTier])
     p.add_argument("--rpm", type=int, help="requests per minute")
     p.add_argument("--tpm", type=int, help="tokens per minute")
     p.add_argument("--concurrency", type=int, help="concurrent requests")
@@ -75,7 +74,7 @@ def _tenant_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = tenants.add_parser("update")
     p.add_argument("tenant", help="name or id")
     _limit_args(p)
-    p.add_argument("--status", choices=("active", "suspended"))
+    p.add_argument("--status", choices=[status.value for status in TenantStatus])
     p.add_argument("--name", dest="new_name")
     p.set_defaults(handler=commands.tenants_update)
 
@@ -113,15 +112,6 @@ def _adapter_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p = adapters.add_parser("remove")
     p.add_argument("adapter_id", type=int)
     p.set_defaults(handler=commands.adapters_remove)
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s",
-    )
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(RequestIdLogFilter())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

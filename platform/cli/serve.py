@@ -18,10 +18,12 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from loraplex.platform.api import RequestIdLogFilter
 from loraplex.platform.app import create_app
-from loraplex.platform.cli.commands import CommandError
-from loraplex.platform.db import Database, DatabaseNotMigratedError, check_migrated
-from loraplex.platform.settings import Settings
+from loraplex.platform.cli.commands import CommandError, registry
+from loraplex.platform.demo.bootstrap import bootstrap_demo, demo_banner
+from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
+from loraplex.platform.settings import LogLevel, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -50,35 +52,33 @@ def _settings(args: argparse.Namespace) -> Settings:
     if args.port is not None:
         overrides["port"] = args.port
     if args.demo:
-        from loraplex.engine.model.demo_checkpoint import ensure_demo_checkpoint
-
         overrides["model"] = str(ensure_demo_checkpoint())
     return Settings(**overrides)
 
 
-def serve(args: argparse.Namespace) -> int:
-    from loraplex.platform.cli.main import configure_logging
+def configure_logging(level: LogLevel) -> None:
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s",
+    )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdLogFilter())
 
+
+def serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging(settings.log_level)
     if not settings.model:
         raise CommandError("no model: pass --model PATH or --demo (or set LORAPLEX_MODEL)")
     banner = None
     if args.demo:
-        from loraplex.platform.demo import bootstrap_demo, demo_banner
-
         setup = bootstrap_demo(settings)
         banner = demo_banner(
             setup, f"http://{settings.host}:{settings.port}", Path(settings.model).name
         )
     else:
-        db = Database(settings.resolved_database_url)
-        try:
-            check_migrated(db.engine)
-        except DatabaseNotMigratedError as e:
-            raise CommandError(str(e)) from e
-        finally:
-            db.dispose()
+        with registry(settings):  # an unmigrated database is refused before the model loads
+            pass
     app = create_app(settings)
     config = uvicorn.Config(
         app,

@@ -44,10 +44,6 @@ class Database:
         self.engine = create_db_engine(url)
         self.session_factory = sessionmaker(self.engine, expire_on_commit=False)
 
-    @property
-    def dialect(self) -> str:
-        return self.engine.dialect.name
-
     @contextmanager
     def session(self) -> Iterator[Session]:
         with self.session_factory() as session:

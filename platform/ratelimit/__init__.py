@@ -7,6 +7,7 @@ from .backpressure import BackpressureGate
 from .failover_limiter import FailoverRateLimiter, create_rate_limiter
 from .headers import format_reset, rate_limit_headers
 from .limits import (
+    Backend,
     LimitKind,
     LimitState,
     RateLimitDecision,
@@ -18,6 +19,7 @@ from .local_limiter import LocalRateLimiter
 from .redis_limiter import RedisRateLimiter
 
 __all__ = [
+    "Backend",
     "BackpressureGate",
     "FailoverRateLimiter",
     "LimitKind",

@@ -122,7 +122,7 @@ class LocalRateLimiter:
         return None
 
     def num_inflight(self, tenant_id: str) -> int:
-        """Live leases of a tenant (tests and /admin/v1/engine)."""
+        """Live leases of a tenant."""
         with self._lock:
             state = self._tenants.get(tenant_id)
             if state is None:

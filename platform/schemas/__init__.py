@@ -22,7 +22,12 @@ from loraplex.platform.schemas.openai_requests import (
     ChatMessage,
     CompletionRequest,
 )
-from loraplex.platform.schemas.openai_responses import ErrorResponse, ModelList, TokenResponse
+from loraplex.platform.schemas.openai_responses import (
+    ErrorDetail,
+    ErrorResponse,
+    ModelList,
+    TokenResponse,
+)
 
 __all__ = [
     "EngineStatePublic",
@@ -37,6 +42,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "ErrorDetail",
     "ErrorResponse",
     "ModelList",
     "TenantCreate",

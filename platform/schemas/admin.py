@@ -13,6 +13,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict
 
 from loraplex.engine.stats import EngineStats
 from loraplex.platform.db import AdapterStatus, TenantStatus, TenantTier
+from loraplex.platform.ratelimit import Backend
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 Name = Annotated[str, Strict(), Field(pattern=NAME_PATTERN)]
@@ -147,7 +148,7 @@ class EngineStatePublic(BaseModel):
 
     model: str
     max_model_len: int
-    ratelimit_backend: str
+    ratelimit_backend: Backend
     num_inflight_requests: int
     draining: bool
     kv_usage: float

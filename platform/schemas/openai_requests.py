@@ -30,7 +30,7 @@ class StreamOptions(_OpenAIModel):
     include_usage: Bool = False
 
 
-class _SamplingFields(_OpenAIModel):
+class SamplingFields(_OpenAIModel):
     """Fields shared by both endpoints (OpenAI's plus vLLM's extras)."""
 
     model: Annotated[str, Strict(), Field(min_length=1, max_length=256)]
@@ -56,15 +56,20 @@ class _SamplingFields(_OpenAIModel):
     logit_bias: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _reject_unsupported(self) -> _SamplingFields:
+    def _reject_unsupported(self) -> SamplingFields:
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
 
+    @property
+    def include_usage(self) -> bool:
+        """A stream ends with a usage chunk (`stream_options.include_usage`)."""
+        return self.stream_options is not None and self.stream_options.include_usage
 
-class CompletionRequest(_SamplingFields):
+
+class CompletionRequest(SamplingFields):
     # A string or token ids; a list holding exactly one of those is accepted too.
     prompt: (
         Str
@@ -107,7 +112,7 @@ class ChatMessage(_OpenAIModel):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Int | None = None
     max_completion_tokens: Int | None = None

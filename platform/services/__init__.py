@@ -7,7 +7,6 @@ from loraplex.platform.services.completions import (
     stream_completion,
 )
 from loraplex.platform.services.generation import GenerationPlan, GenerationRun, admit
-from loraplex.platform.services.sse import start_stream
 
 __all__ = [
     "GenerationPlan",
@@ -18,6 +17,5 @@ __all__ = [
     "plan_chat",
     "plan_completion",
     "stream_chat",
-    "start_stream",
     "stream_completion",
 ]

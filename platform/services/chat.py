@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
-from loraplex.engine.request import MAX_LOGPROBS, CompletionOutput, RequestOutput
+from loraplex.engine.request import MAX_LOGPROBS
 from loraplex.engine.tokenizer import ChatTemplateError
 from loraplex.platform.auth import TenantContext
-from loraplex.platform.engine_client import EngineClient
 from loraplex.platform.errors import InvalidRequestError
 from loraplex.platform.schemas import ChatCompletionRequest
 from loraplex.platform.schemas.openai_responses import (
@@ -19,22 +18,21 @@ from loraplex.platform.schemas.openai_responses import (
     ChatDelta,
     ChatLogprobs,
     ChatMessageOut,
-    PromptTokensDetails,
     TokenLogprob,
     TopLogprob,
     Usage,
 )
 from loraplex.platform.services.generation import GenerationPlan, GenerationRun
-from loraplex.platform.services.planning import (
-    build_sampling_params,
-    check_prompt,
-    check_text,
-    new_request_id,
-    resolve_adapter,
-    resolve_max_tokens,
-    resolve_priority,
+from loraplex.platform.services.outputs import (
+    DONE,
+    TokenLogprobs,
+    final_output,
+    sse,
+    stream_deltas,
+    token_logprobs,
+    usage_of,
 )
-from loraplex.platform.services.sse import DONE, sse
+from loraplex.platform.services.planning import build_plan, check_text, resolve_adapter
 from loraplex.platform.state import AppState
 
 
@@ -57,85 +55,72 @@ async def plan_chat(
         prompt_token_ids = await state.engine.encode_chat(messages)
     except ChatTemplateError as e:
         raise InvalidRequestError(str(e), param="messages") from e
-    check_prompt(state, prompt_token_ids, "messages")
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    max_tokens = resolve_max_tokens(state, body.requested_max_tokens, len(prompt_token_ids), param)
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= MAX_LOGPROBS:
         raise InvalidRequestError(
             f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs"
         )
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    return GenerationPlan(
-        request_id=new_request_id("chatcmpl"),
+    return build_plan(
+        state,
+        tenant,
+        body,
         endpoint="chat.completions",
-        model=body.model,
         adapter=adapter,
         prompt_token_ids=prompt_token_ids,
-        sampling_params=build_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs),
-        priority=resolve_priority(tenant, body.priority),
+        prompt_param="messages",
+        requested_max_tokens=body.requested_max_tokens,
+        max_tokens_param=(
+            "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        ),
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
 
 
-def _usage(run: GenerationRun) -> Usage:
-    num_prompt = len(run.plan.prompt_token_ids)
-    return Usage(
-        prompt_tokens=num_prompt,
-        completion_tokens=run.num_completion_tokens,
-        total_tokens=num_prompt + run.num_completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=run.num_cached_tokens),
-    )
-
-
-def _top(engine: EngineClient, token_id: int, logprob: float) -> TopLogprob:
-    token = engine.token_string(token_id)
-    return TopLogprob(token=token, logprob=logprob, bytes=list(token.encode("utf-8")))
-
-
-def _logprobs(engine: EngineClient, output: CompletionOutput, start: int) -> ChatLogprobs | None:
-    if output.logprobs is None:
+def _logprobs(tokens: list[TokenLogprobs] | None) -> ChatLogprobs | None:
+    if tokens is None:
         return None
-    content = []
-    for sampled, top in output.logprobs[start:]:
-        first = _top(engine, sampled.token_id, sampled.logprob)
-        content.append(
-            TokenLogprob(
-                token=first.token,
-                logprob=first.logprob,
-                bytes=first.bytes,
-                top_logprobs=[_top(engine, t.token_id, t.logprob) for t in top],
-            )
+    content = [
+        TokenLogprob(
+            token=t.token,
+            logprob=t.logprob,
+            bytes=_utf8(t.token),
+            top_logprobs=[
+                TopLogprob(token=token, logprob=logprob, bytes=_utf8(token))
+                for token, logprob in t.top
+            ],
         )
+        for t in tokens
+    ]
     return ChatLogprobs(content=content)
 
 
+def _utf8(token: str) -> list[int]:
+    return list(token.encode("utf-8"))
+
+
 async def collect_chat(run: GenerationRun) -> ChatCompletionResponse:
-    final: RequestOutput | None = None
-    async with aclosing(run.outputs()) as outputs:
-        async for output in outputs:
-            final = output
-    assert final is not None and final.finished
+    final = await final_output(run)
     engine = run.state.engine
     choices = [
         ChatChoice(
             index=o.index,
             message=ChatMessageOut(content=o.text),
             finish_reason=o.finish_reason,
-            logprobs=_logprobs(engine, o, 0),
+            logprobs=_logprobs(token_logprobs(engine, o)),
         )
         for o in final.outputs
     ]
+    plan = run.plan
     return ChatCompletionResponse(
-        id=run.plan.request_id,
-        created=run.plan.created,
-        model=run.plan.model,
+        id=plan.request_id,
+        created=plan.created,
+        model=plan.model,
         choices=choices,
-        usage=_usage(run),
+        usage=usage_of(run),
     )
 
 
 async def stream_chat(run: GenerationRun, include_usage: bool) -> AsyncGenerator[str, None]:
-    plan, engine = run.plan, run.state.engine
-    n = plan.sampling_params.n
+    plan = run.plan
     sent_role = False
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
@@ -149,41 +134,26 @@ async def stream_chat(run: GenerationRun, include_usage: bool) -> AsyncGenerator
             )
         )
 
-    sent_text = [0] * n
-    sent_logprobs = [0] * n
-    finished = [False] * n
-    async with aclosing(run.outputs()) as outputs:
-        async for output in outputs:
+    async with aclosing(stream_deltas(run)) as stream:
+        async for deltas in stream:
             if not sent_role:  # the role chunk goes out once the engine accepted the request
                 sent_role = True
+                role = ChatDelta(role="assistant", content="")
+                yield chunk(
+                    [ChatChunkChoice(index=j, delta=role) for j in range(plan.sampling_params.n)]
+                )
+            if deltas:
                 yield chunk(
                     [
-                        ChatChunkChoice(index=j, delta=ChatDelta(role="assistant", content=""))
-                        for j in range(n)
+                        ChatChunkChoice(
+                            index=d.index,
+                            delta=ChatDelta(content=d.text) if d.text else ChatDelta(),
+                            logprobs=_logprobs(d.logprobs),
+                            finish_reason=d.finish_reason,
+                        )
+                        for d in deltas
                     ]
                 )
-            choices = []
-            for o in output.outputs:
-                j = o.index
-                if finished[j]:
-                    continue
-                delta = o.text[sent_text[j] :]
-                if not delta and o.finish_reason is None:
-                    continue
-                logprobs = _logprobs(engine, o, sent_logprobs[j])
-                sent_text[j] = len(o.text)
-                sent_logprobs[j] = len(o.logprobs or ())
-                finished[j] = o.finish_reason is not None
-                choices.append(
-                    ChatChunkChoice(
-                        index=j,
-                        delta=ChatDelta(content=delta) if delta else ChatDelta(),
-                        logprobs=logprobs,
-                        finish_reason=o.finish_reason,
-                    )
-                )
-            if choices:
-                yield chunk(choices)
     if include_usage:
-        yield chunk([], _usage(run))
+        yield chunk([], usage_of(run))
     yield DONE

@@ -21,9 +21,9 @@ from loraplex.platform.errors import (
     RateLimitedError,
     ServiceUnavailableError,
 )
-from loraplex.platform.ratelimit import RateLimitDecision, TenantLimits, rate_limit_headers
+from loraplex.platform.ratelimit import RateLimitDecision, rate_limit_headers
 from loraplex.platform.state import AppState
-from loraplex.platform.usage import UsageEvent
+from loraplex.platform.usage import Endpoint, RequestStatus, UsageEvent
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class GenerationPlan:
     """Everything decided before admission."""
 
     request_id: str  # the engine's id and the response's `id`
-    endpoint: str  # "completions" | "chat.completions"
+    endpoint: Endpoint
     model: str  # as the client named it
     adapter: AdapterRef | None
     prompt_token_ids: list[int]
@@ -46,14 +46,6 @@ class GenerationPlan:
         return len(self.prompt_token_ids) + self.sampling_params.n * self.sampling_params.max_tokens
 
 
-def tenant_limits(tenant: TenantContext) -> TenantLimits:
-    return TenantLimits(
-        requests_per_minute=tenant.requests_per_minute,
-        tokens_per_minute=tenant.tokens_per_minute,
-        max_concurrent_requests=tenant.max_concurrent_requests,
-    )
-
-
 async def admit(state: AppState, tenant: TenantContext, plan: GenerationPlan) -> GenerationRun:
     """Reserve the tenant's limits for `plan`, or raise 429 / 503."""
     try:
@@ -62,7 +54,7 @@ async def admit(state: AppState, tenant: TenantContext, plan: GenerationPlan) ->
         state.metrics.observe_rate_limited(tenant.name, "engine_overloaded")
         raise
     decision = await state.limiter.acquire(
-        str(tenant.tenant_id), tenant_limits(tenant), plan.reserved_tokens
+        str(tenant.tenant_id), tenant.limits, plan.reserved_tokens
     )
     if not decision.allowed:
         kind = decision.kind or "requests"
@@ -105,12 +97,8 @@ class GenerationRun:
         self._finished = False
         state.metrics.request_started(tenant.name)
 
-    @property
-    def adapter_label(self) -> str:
-        return self.plan.model
-
     async def outputs(self) -> AsyncGenerator[RequestOutput, None]:
-        status: str | None = None  # stays None if cancelled or the consumer leaves early
+        status: RequestStatus | None = None  # stays None if cancelled or the consumer leaves
         try:
             async for output in self.state.engine.generate(
                 request_id=self.plan.request_id,
@@ -146,7 +134,7 @@ class GenerationRun:
         self.num_completion_tokens = num_tokens
         self.num_cached_tokens = output.num_cached_tokens
 
-    async def finish(self, status: str) -> None:
+    async def finish(self, status: RequestStatus) -> None:
         if self._finished:
             return
         self._finished = True
@@ -177,7 +165,7 @@ class GenerationRun:
         ttft = (self._first_token_at - self.started) if self._first_token_at else None
         state.metrics.observe_request(
             tenant.name,
-            self.adapter_label,
+            plan.model,  # the adapter's name, or the base model's
             status,
             prompt_tokens=num_prompt,
             completion_tokens=self.num_completion_tokens,
@@ -187,7 +175,7 @@ class GenerationRun:
         )
 
 
-def _status_of(output: RequestOutput) -> str:
+def _status_of(output: RequestOutput) -> RequestStatus:
     reasons = {o.finish_reason for o in output.outputs}
     if "error" in reasons:
         return "error"

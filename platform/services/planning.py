@@ -1,5 +1,6 @@
 """From a validated OpenAI body to a `GenerationPlan`: model resolution, prompt checks, the
-max_tokens budget, sampling parameters and the engine priority. Shared by both endpoints."""
+max_tokens budget, sampling parameters and the engine priority. Shared by both endpoints: each
+resolves its adapter, tokenizes its prompt (through the EngineClient), then calls `build_plan`."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from loraplex.engine.request import SamplingParams
 from loraplex.platform.auth import TenantContext
 from loraplex.platform.crud import AdapterRef, resolve_model
 from loraplex.platform.errors import ContextLengthExceededError, InvalidRequestError
-from loraplex.platform.schemas.openai_requests import _SamplingFields
+from loraplex.platform.schemas.openai_requests import SamplingFields
+from loraplex.platform.services.generation import GenerationPlan
 from loraplex.platform.state import AppState
+from loraplex.platform.usage import Endpoint
 
 MAX_PRIORITY = 1000
 _OPTIONAL_SAMPLING = (
@@ -25,6 +28,7 @@ _OPTIONAL_SAMPLING = (
     "frequency_penalty",
     "repetition_penalty",
 )
+_ID_PREFIXES: dict[Endpoint, str] = {"completions": "cmpl", "chat.completions": "chatcmpl"}
 
 
 def new_request_id(prefix: str) -> str:
@@ -100,8 +104,38 @@ def resolve_priority(tenant: TenantContext, requested: int | None) -> int:
     return max(tier, requested)
 
 
+def build_plan(
+    state: AppState,
+    tenant: TenantContext,
+    body: SamplingFields,
+    *,
+    endpoint: Endpoint,
+    adapter: AdapterRef | None,
+    prompt_token_ids: list[int],
+    prompt_param: str,
+    requested_max_tokens: int | None,
+    max_tokens_param: str = "max_tokens",
+    logprobs: int | None,
+) -> GenerationPlan:
+    """The plan of a tokenized request: the prompt and the completion budget checked against
+    the context, the sampling parameters validated, the priority resolved; 400 otherwise."""
+    check_prompt(state, prompt_token_ids, prompt_param)
+    max_tokens = resolve_max_tokens(
+        state, requested_max_tokens, len(prompt_token_ids), max_tokens_param
+    )
+    return GenerationPlan(
+        request_id=new_request_id(_ID_PREFIXES[endpoint]),
+        endpoint=endpoint,
+        model=body.model,
+        adapter=adapter,
+        prompt_token_ids=prompt_token_ids,
+        sampling_params=build_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs),
+        priority=resolve_priority(tenant, body.priority),
+    )
+
+
 def build_sampling_params(
-    body: _SamplingFields, *, max_tokens: int, logprobs: int | None
+    body: SamplingFields, *, max_tokens: int, logprobs: int | None
 ) -> SamplingParams:
     """Raises the engine's InvalidParameterError (mapped to 400 with `param`) on bad values."""
     stop = body.stop

@@ -9,7 +9,7 @@ from pathlib import Path
 import uvicorn
 
 from loraplex.platform import crud
-from loraplex.platform.adapters import engine_adapter_validator
+from loraplex.platform.adapter_validator import engine_adapter_validator
 from loraplex.platform.db import Database, upgrade
 from loraplex.platform.schemas import ApiKeyCreate, TenantCreate
 from loraplex.platform.settings import Settings

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from loraplex.engine import AsyncEngine, InvalidParameterError, SamplingParams
-from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 
 
 @pytest.fixture(scope="module")

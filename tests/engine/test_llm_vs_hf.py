@@ -7,7 +7,7 @@ import random
 import pytest
 
 from loraplex.engine import LLM, SamplingParams
-from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from tests.engine.hf_reference import hf_greedy
 
 MAX_TOKENS = 8

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from loraplex.engine import LoRARequest, SamplingParams
 from loraplex.engine.errors import InvalidAdapterError, RequestTooLongError
-from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from tests.engine.engine_driver import make_llm, run_to_completion
 from tests.engine.lora_adapters import write_peft_adapter
 

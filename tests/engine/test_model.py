@@ -287,7 +287,7 @@ def test_smollm2_greedy_says_paris_and_matches_hf(smollm2_checkpoint: Path) -> N
 def test_demo_checkpoint_is_reused_once_converted(
     smollm2_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from loraplex.engine.model import demo_checkpoint
+    from loraplex.platform.demo import checkpoint as demo_checkpoint
 
     def fail(path: Path) -> Path:
         raise AssertionError("converted again")
@@ -303,7 +303,7 @@ def test_missing_demo_package_says_how_to_install(
 ) -> None:
     import importlib.util
 
-    from loraplex.engine.model import demo_checkpoint
+    from loraplex.platform.demo import checkpoint as demo_checkpoint
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(

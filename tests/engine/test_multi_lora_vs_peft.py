@@ -7,7 +7,7 @@ import random
 import pytest
 
 from loraplex.engine import LLM, LoRARequest, SamplingParams
-from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from tests.engine.hf_reference import hf_greedy
 from tests.engine.lora_adapters import write_peft_adapter
 

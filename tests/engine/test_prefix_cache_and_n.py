@@ -7,7 +7,7 @@ import random
 import pytest
 
 from loraplex.engine import LoRARequest, SamplingParams
-from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
+from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from tests.engine.engine_driver import make_llm, run_to_completion
 from tests.engine.lora_adapters import write_peft_adapter
 

@@ -12,13 +12,13 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer
 
-from loraplex.engine.model.demo_corpus import DEMO_CORPUS
 from loraplex.engine.tokenizer import (
     ChatTemplateError,
     IncrementalDetokenizer,
     Tokenizer,
     find_stop_string,
 )
+from loraplex.platform.demo.corpus import DEMO_CORPUS
 
 TEXTS = [
     "The capital of France is",

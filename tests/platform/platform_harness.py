@@ -19,9 +19,11 @@ from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 
 from loraplex.platform import crud
-from loraplex.platform.adapters import engine_adapter_validator, write_random_adapter
+from loraplex.platform.adapter_validator import engine_adapter_validator
 from loraplex.platform.app import create_app
 from loraplex.platform.db import upgrade
+from loraplex.platform.demo.adapters import write_random_adapter
+from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from loraplex.platform.settings import Settings
 from loraplex.platform.state import AppState
 
@@ -165,8 +167,6 @@ _TINY_MODEL: list[Path] = []
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny random Llama per test session (shared by tests/platform and tests/e2e)."""
     if not _TINY_MODEL:
-        from loraplex.engine.model.demo_checkpoint import write_random_checkpoint
-
         root = tmp_path_factory.mktemp("models") / MODEL_NAME
         _TINY_MODEL.append(write_random_checkpoint(root, arch="llama"))
     return _TINY_MODEL[0]

@@ -172,4 +172,6 @@ async def test_usage_report_and_engine_state(server: Platform) -> None:
     stats = engine["stats"]
     assert stats["num_running"] == 0 and stats["num_waiting"] == 0
     assert stats["num_generated_tokens"] > 0 and stats["kv_blocks_total"] > 0
-    assert stats["lora"]["num_registered"] >= 0
+    # Tenant alpha's adapter was loaded for its requests and is still resident.
+    assert stats["lora"]["num_registered"] == 1
+    assert {r["lora_name"] for r in stats["lora"]["resident"]} == {"bot"}

@@ -1,4 +1,4 @@
-"""Every API bad input from REFERENCE.md: a clear 4xx in OpenAI's error shape, and the server
+"""Every bad API input we know of: a clear 4xx in OpenAI's error shape, and the server
 (and its engine) still serving afterwards."""
 
 from __future__ import annotations

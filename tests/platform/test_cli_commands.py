@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from loraplex.platform.cli import main
 from loraplex.platform.db import ApiKey, Database
-from loraplex.platform.demo import bootstrap_demo
+from loraplex.platform.demo.bootstrap import bootstrap_demo
 from loraplex.platform.settings import Settings
 
 

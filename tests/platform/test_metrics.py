@@ -26,10 +26,10 @@ def _value(metrics: Metrics, name: str, **labels: str) -> float | None:
 def test_request_metrics_rendered() -> None:
     metrics = Metrics()
     metrics.observe_request(
-        "acme", "support-bot", 200, prompt_tokens=12, completion_tokens=5,
+        "acme", "support-bot", "ok", prompt_tokens=12, completion_tokens=5,
         ttft_s=0.2, e2e_s=1.1, inter_token_s=[0.05, 0.07, 0.06, 0.05],
     )  # fmt: skip
-    metrics.observe_request("acme", "support-bot", 499, prompt_tokens=3)
+    metrics.observe_request("acme", "support-bot", "aborted", prompt_tokens=3)
     metrics.observe_rate_limited("acme", "tokens")
     metrics.observe_ratelimit_fallback()
     metrics.observe_adapter_load(AdapterLoad("support-bot", "gpu", 0.3))
@@ -48,8 +48,8 @@ def test_request_metrics_rendered() -> None:
     ):
         assert name in text, name
     ta = {"tenant": "acme", "adapter": "support-bot"}
-    assert _value(metrics, "loraplex_requests_total", **ta, status="200") == 1
-    assert _value(metrics, "loraplex_requests_total", **ta, status="499") == 1
+    assert _value(metrics, "loraplex_requests_total", **ta, status="ok") == 1
+    assert _value(metrics, "loraplex_requests_total", **ta, status="aborted") == 1
     assert _value(metrics, "loraplex_tokens_total", **ta, kind="prompt") == 15
     assert _value(metrics, "loraplex_tokens_total", **ta, kind="completion") == 5
     assert _value(metrics, "loraplex_inter_token_latency_seconds_count", **ta) == 4
@@ -127,20 +127,20 @@ def test_adapter_loads_feed_the_histogram() -> None:
 
 def test_two_apps_have_separate_registries() -> None:
     one, two = Metrics(), Metrics()
-    one.observe_request("t", "base", 200)
-    assert _value(one, "loraplex_requests_total", tenant="t", adapter="base", status="200") == 1
-    assert _value(two, "loraplex_requests_total", tenant="t", adapter="base", status="200") is None
+    one.observe_request("t", "base", "ok")
+    assert _value(one, "loraplex_requests_total", tenant="t", adapter="base", status="ok") == 1
+    assert _value(two, "loraplex_requests_total", tenant="t", adapter="base", status="ok") is None
 
 
 def test_label_values_are_bounded() -> None:
     metrics = Metrics(max_label_values=2)
     for i in range(5):
-        metrics.observe_request(f"tenant-{i}", f"adapter-{i}", 200)
+        metrics.observe_request(f"tenant-{i}", f"adapter-{i}", "ok")
     tenants = {
         dict(labels)["tenant"]
         for (name, labels) in _samples(metrics)
         if name == "loraplex_requests_total"
     }
     assert tenants == {"tenant-0", "tenant-1", OTHER}
-    labels = {"tenant": OTHER, "adapter": OTHER, "status": "200"}
+    labels = {"tenant": OTHER, "adapter": OTHER, "status": "ok"}
     assert _value(metrics, "loraplex_requests_total", **labels) == 3

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from loraplex.platform.settings import Settings
 
@@ -37,3 +38,11 @@ def test_generated_secrets_are_persisted_privately(tmp_path: Path) -> None:
     assert Settings(data_dir=tmp_path).hs256_secret() == secret  # the same after a restart
     assert Settings(data_dir=tmp_path).api_key_hash_secret() != secret.encode()
     assert Settings(data_dir=tmp_path, jwt_secret="given").hs256_secret() == "given"
+
+
+def test_log_level_is_one_of_logging_levels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LORAPLEX_LOG_LEVEL", "debug")
+    assert Settings().log_level == "DEBUG"
+    monkeypatch.setenv("LORAPLEX_LOG_LEVEL", "verbose")
+    with pytest.raises(ValidationError, match="log_level"):
+        Settings()

@@ -13,7 +13,9 @@ from starlette.background import BackgroundTask
 
 from loraplex.platform import crud
 from loraplex.platform.api.deps import CurrentTenant, RateLimitHeaders, SessionDep, StateDep
+from loraplex.platform.api.streaming import start_stream
 from loraplex.platform.schemas import ChatCompletionRequest, CompletionRequest, ModelList
+from loraplex.platform.schemas.openai_requests import SamplingFields
 from loraplex.platform.schemas.openai_responses import (
     ChatCompletionResponse,
     CompletionResponse,
@@ -26,7 +28,6 @@ from loraplex.platform.services import (
     collect_completion,
     plan_chat,
     plan_completion,
-    start_stream,
     stream_chat,
     stream_completion,
 )
@@ -61,10 +62,7 @@ async def create_completion(
     body: CompletionRequest, request: Request, state: StateDep, tenant: CurrentTenant
 ) -> Response:
     run = await admit(state, tenant, await plan_completion(state, tenant, body))
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _stream(run, stream_completion(run, include_usage))
-    return await _respond(run, request, collect_completion)
+    return await _serve(run, request, body, stream_completion, collect_completion)
 
 
 @router.post("/chat/completions", response_model=ChatCompletionResponse)
@@ -72,10 +70,20 @@ async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, state: StateDep, tenant: CurrentTenant
 ) -> Response:
     run = await admit(state, tenant, await plan_chat(state, tenant, body))
+    return await _serve(run, request, body, stream_chat, collect_chat)
+
+
+async def _serve(
+    run: GenerationRun,
+    request: Request,
+    body: SamplingFields,
+    stream: Callable[[GenerationRun, bool], AsyncGenerator[str, None]],
+    collect: Callable[[GenerationRun], Awaitable[T]],
+) -> Response:
+    """The run as server-sent events (`stream: true`) or as one JSON body."""
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _stream(run, stream_chat(run, include_usage))
-    return await _respond(run, request, collect_chat)
+        return await _stream(run, stream(run, body.include_usage))
+    return await _respond(run, request, collect)
 
 
 async def _stream(run: GenerationRun, events: AsyncGenerator[str, None]) -> StreamingResponse:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
 import anyio
 from fastapi import APIRouter, Request, Response
@@ -22,7 +22,7 @@ def read_health() -> dict[str, str]:
 @router.get("/ready")
 async def read_ready(state: StateDep) -> JSONResponse:
     """Public: 200 when every dependency answers, 503 (with which one failed) otherwise."""
-    checks: dict[str, Any] = {}
+    checks: dict[str, Literal["ok", "unavailable", "draining"]] = {}
     try:
         await anyio.to_thread.run_sync(state.db.ping)
         checks["database"] = "ok"

@@ -15,9 +15,10 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from loraplex.platform import crud
-from loraplex.platform.adapters import engine_adapter_validator, write_random_adapter
+from loraplex.platform.adapter_validator import engine_adapter_validator
 from loraplex.platform.auth import authenticate_api_key
 from loraplex.platform.db import Database, TenantTier, upgrade
+from loraplex.platform.demo.adapters import write_random_adapter
 from loraplex.platform.errors import AuthenticationError, NotFoundError
 from loraplex.platform.schemas import ApiKeyCreate, TenantCreate
 from loraplex.platform.settings import Settings

@@ -1,5 +1,5 @@
-"""Local PEFT adapter directories: the engine's validator for registration, and random
-adapters for the demo and tests (written directly as safetensors + JSON: no peft needed)."""
+"""Random PEFT LoRA adapters for the demo, tests and benchmarks, written directly as safetensors
++ JSON (no peft needed)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,10 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from loraplex.platform.crud.adapters import AdapterValidator, ValidatedAdapter
+from loraplex.engine.lora.adapter import lora_module_shapes
+from loraplex.engine.model.hf_config import ModelArchConfig
 
-
-def engine_adapter_validator(model_dir: str | Path, max_lora_rank: int) -> AdapterValidator:
-    """Validates an adapter exactly as the engine will load it, against the base model."""
-    from loraplex.engine.lora.adapter import load_lora_adapter
-    from loraplex.engine.model.hf_config import ModelArchConfig
-
-    arch = ModelArchConfig.from_model_dir(model_dir)
-
-    def validate(path: Path) -> ValidatedAdapter:
-        return load_lora_adapter(path, arch, max_lora_rank)
-
-    return validate
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def write_random_adapter(
@@ -41,9 +31,6 @@ def write_random_adapter(
     Unlike PEFT's init (B = 0, a no-op), B is random too, so the adapter visibly changes
     outputs. Deterministic for a given seed: the same call gives the same content hash.
     """
-    from loraplex.engine.lora.adapter import lora_module_shapes
-    from loraplex.engine.model.hf_config import ModelArchConfig
-
     arch = ModelArchConfig.from_model_dir(model_dir)
     shapes = lora_module_shapes(arch)
     rng = np.random.default_rng(seed)
@@ -51,9 +38,7 @@ def write_random_adapter(
     for layer in range(arch.num_hidden_layers):
         for module in target_modules:
             in_dim, out_dim = shapes[module]
-            block = (
-                "self_attn" if module.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
-            )
+            block = "self_attn" if module in ATTENTION_MODULES else "mlp"
             prefix = f"base_model.model.model.layers.{layer}.{block}.{module}"
             tensors[f"{prefix}.lora_A.weight"] = (
                 rng.standard_normal((rank, in_dim)) / np.sqrt(in_dim)
