@@ -85,9 +85,11 @@ def make_inputs(
     slots = [s for s, n in enumerate(tokens_per_slot) for _ in range(n)]
     slots += [-1] * num_plain_tokens
     token_lora_slots = torch.tensor(slots, dtype=torch.int64)[torch.randperm(len(slots))]
-    lora_a = torch.randn(max_loras, num_slices, max_rank, in_dim) / in_dim**0.5
-    lora_b = torch.randn(max_loras, sum(slice_sizes), max_rank) / max_rank**0.5
-    scalings = torch.rand(max_loras) + 0.5
+    token_lora_slots = token_lora_slots.to(device)
+    a_shape = (max_loras, num_slices, max_rank, in_dim)
+    lora_a = torch.randn(a_shape, device=device) / in_dim**0.5
+    lora_b = torch.randn(max_loras, sum(slice_sizes), max_rank, device=device) / max_rank**0.5
+    scalings = torch.rand(max_loras, device=device) + 0.5
     start = 0
     for i, size in enumerate(slice_sizes):
         for slot, rank in enumerate(ranks[i]):
@@ -99,15 +101,15 @@ def make_inputs(
             scalings[slot] = NAN  # an unused slot's scaling is stale: never read it
     ids, loc = build_lora_mapping(token_lora_slots, max_loras)
     return LoRAKernelInputs(
-        x=torch.randn(len(slots), in_dim).to(device, dtype),
-        lora_a=lora_a.to(device, dtype),
-        lora_b=lora_b.to(device, dtype),
-        scalings=scalings.to(device),
+        x=torch.randn(len(slots), in_dim, device=device).to(dtype),
+        lora_a=lora_a.to(dtype),
+        lora_b=lora_b.to(dtype),
+        scalings=scalings,
         lora_ranks=torch.tensor(ranks, dtype=torch.int32, device=device),
         slice_sizes=slice_sizes,
-        token_lora_slots=token_lora_slots.to(device),
-        sorted_token_ids=ids.to(device),
-        slot_start_loc=loc.to(device),
+        token_lora_slots=token_lora_slots,
+        sorted_token_ids=ids,
+        slot_start_loc=loc,
     )
 
 

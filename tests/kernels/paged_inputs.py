@@ -47,27 +47,28 @@ def make_paged_batch(
     perm = torch.randperm(num_blocks)
     nan = float("nan")
     block_tables = torch.full((len(seq_lens), max_num_blocks), int(perm[-1]), dtype=torch.int32)
-    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), nan)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.full(cache_shape, nan, device=device)  # built in float32 on the device
     value_cache = key_cache.clone()
     used = 0
     for seq, (seq_len, n) in enumerate(zip(seq_lens, blocks_per_seq, strict=True)):
-        ids = perm[used : used + n]
+        block_tables[seq, :n] = perm[used : used + n].to(torch.int32)
+        ids = perm[used : used + n].to(device)
         used += n
-        block_tables[seq, :n] = ids.to(torch.int32)
         shape = (seq_len, num_kv_heads, head_dim)
         flat_k = key_cache[ids].reshape(-1, num_kv_heads, head_dim)
         flat_v = value_cache[ids].reshape(-1, num_kv_heads, head_dim)
-        flat_k[:seq_len] = torch.randn(shape)
-        flat_v[:seq_len] = torch.randn(shape)
+        flat_k[:seq_len] = torch.randn(shape, device=device)
+        flat_v[:seq_len] = torch.randn(shape, device=device)
         key_cache[ids] = flat_k.view(n, block_size, num_kv_heads, head_dim)
         value_cache[ids] = flat_v.view(n, block_size, num_kv_heads, head_dim)
     query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.cumsum(torch.tensor(q_lens), 0)
-    query = torch.randn(int(query_start_loc[-1]), num_heads, head_dim)
+    query = torch.randn(int(query_start_loc[-1]), num_heads, head_dim, device=device)
     return PagedBatch(
-        query=query.to(device, dtype),
-        key_cache=key_cache.to(device, dtype),
-        value_cache=value_cache.to(device, dtype),
+        query=query.to(dtype),
+        key_cache=key_cache.to(dtype),
+        value_cache=value_cache.to(dtype),
         block_tables=block_tables.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         query_start_loc=query_start_loc.to(device),
