@@ -10,7 +10,7 @@ SOURCES_ID := $(shell (cat pyproject.toml setup.py; find engine kernels platform
 	-not -path '*/__pycache__/*' | sort) | sha1sum | cut -c1-10)
 STAMP := $(VENV)/.installed-$(SOURCES_ID)
 
-.PHONY: demo test test-gpu lint format bench-offline setup
+.PHONY: demo test test-gpu lint format bench-offline setup wheel
 
 setup: $(STAMP)
 
@@ -43,6 +43,12 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff check --fix engine kernels platform tests bench migrations
 	$(BIN)/ruff format engine kernels platform tests bench migrations
+
+# The package as a wheel in .whl/, for a machine that gets no source install (bench/h200_run.sh
+# installs it there). build/lib goes first: setuptools would pack modules deleted since it was made.
+wheel: $(STAMP)
+	rm -rf .whl build/lib build/bdist.*
+	$(BIN)/python -m pip wheel -q --no-deps -w .whl .
 
 bench-offline: $(STAMP)
 	$(BIN)/python bench/offline_throughput.py

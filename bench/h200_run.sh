@@ -1,30 +1,63 @@
 #!/usr/bin/env bash
-# One lease, one script: correctness first, then timing. Run from the repo root on the device
-# machine: `bash bench/h200_run.sh [steps...]`; results go to $OUT (or bench/results/tmp).
-set -u
+# One lease, one script: the GPU tests first, then timing. On the device machine, from the repo
+# root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput); results go to
+# $OUT (or bench/results/tmp).
+#
+# The device has torch, triton, transformers and peft, but not this package and no package
+# index: build the wheel here first (`make wheel`, into the git-ignored .whl/), carry .whl/ along,
+# and this script installs it before any step. Tests then import `tests.*` from the repo root
+# (`python3 -m pytest` puts it on sys.path) and `loraplex.*` from the installed wheel.
+set -u -o pipefail
 OUT=${OUT:-bench/results/tmp}; mkdir -p "$OUT"
-# The device image has torch/triton/transformers/peft but not our package: expose the folders
-# as `loraplex.*` through a shim directory instead of installing.
-mkdir -p /tmp/shim/loraplex
-for d in engine kernels platform; do ln -sfn "$PWD/$d" "/tmp/shim/loraplex/$d"; done
-export PYTHONPATH=/tmp/shim:$PWD PYTHONUNBUFFERED=1
-steps=${*:-"env kernels kernel-tests engine tput"}
+# Nothing outside the machine can be reached: never let HF libraries try.
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+wheels=(.whl/loraplex-*.whl)
+if [ ! -f "${wheels[0]}" ]; then
+  echo "no .whl/loraplex-*.whl: run 'make wheel' and carry .whl/ to this machine" >&2; exit 2
+fi
+# The image's Python may be marked externally managed (PEP 668), or older than the package's
+# stated floor: this machine is discarded after the run, and the tests decide what works.
+PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps --no-index --force-reinstall \
+  --ignore-requires-python "${wheels[0]}" || exit 2
+# A wheel built from another tree would test other code: its modules must be this checkout's.
+python3 - <<'EOF' || exit 2
+import pathlib, sys
+import loraplex.kernels
+installed = pathlib.Path(loraplex.kernels.__file__).parent.parent
+def sources(root):
+    return {p.relative_to(root): p.read_bytes() for top in ("engine", "kernels")
+            for p in (root / top).rglob("*.py")}
+if sources(installed) != sources(pathlib.Path(".")):
+    sys.exit(f"{installed} differs from this checkout's engine/ and kernels/: rebuild the wheel")
+EOF
+
+# Per-step limits keep `env gpu-tests kernels tput` under 10 minutes. SIGINT first: pytest then
+# still prints its summary of what ran.
+limit() { timeout -s INT -k 15 "$@"; }
+steps=${*:-"env gpu-tests kernels tput"}
+failed=0
 for step in $steps; do
   echo "=== $step ($(date +%T))"
   case $step in
     env) nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-         python3 -c "import torch, triton, transformers, peft; print(torch.__version__, triton.__version__, transformers.__version__, peft.__version__)";;
-    kernels) timeout 300 python3 bench/kernels_check.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels.txt";;
-    fused) timeout 120 python3 bench/fused_ops_check.py 2>&1 | tee "$OUT/fused_ops.txt";;
-    prio) timeout 240 python3 bench/priority_latency.py --shape llama3-8b --device cuda \
-            --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
-            --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
-            | tee "$OUT/priority.txt";;
-    kernel-tests) timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt";;
-    engine) timeout 240 python3 bench/gpu_engine_check.py --json "$OUT/engine_check.json" 2>&1 | grep -v Loading | tee "$OUT/engine_check.txt";;
-    tput) timeout 420 python3 bench/offline_throughput.py --shape llama3-8b --device cuda \
+         python3 -c "import torch, triton, transformers, peft; print(torch.__version__, triton.__version__, transformers.__version__, peft.__version__)"
+         python3 -m pip show loraplex | sed -n 1,2p;;
+    gpu-tests) limit ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --durations=15 \
+                 tests/kernels tests/engine 2>&1 | grep -v Loading | tee "$OUT/gpu_tests.txt";;
+    kernels) limit 100 python3 bench/kernels_bench.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels.txt";;
+    tput) limit ${TPUT_TIMEOUT:-160} python3 bench/offline_throughput.py --shape llama3-8b --device cuda \
             --num-prompts 64 --min-prompt 512 --max-prompt 512 --output-len 128 \
             --hf-batch-size 32 --adapters "${ADAPTERS:-0,1,8}" --repeats "${REPEATS:-3}" --json "$OUT/throughput.json" ${TPUT_ARGS:-} 2>&1 \
             | grep -v Loading | tee "$OUT/throughput.txt";;
+    prio) limit 240 python3 bench/priority_latency.py --shape llama3-8b --device cuda \
+            --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
+            --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
+            | tee "$OUT/priority.txt";;
+    *) echo "unknown step $step (env gpu-tests kernels tput prio)" >&2; false;;
   esac
+  rc=$?
+  echo "=== $step: exit $rc"
+  [ $rc -eq 0 ] || failed=1
 done
+exit $failed

@@ -15,8 +15,8 @@ slot's rank for that slice only, scales, and adds into its columns of y.
 
     grid = (num_segment_tiles, cdiv(max_i n_i, BLOCK_N), num_slices)
 
-Segment tiles are the shrink's (`lora_shrink.segment_tile`: the BLOCK_M-token tiles of the
-segments of slots with a rank for the slice; a shape-only bound, so CUDA-graph friendly).
+Segment tiles are the shrink's (`lora_segments.py`: the BLOCK_M-token tiles of the segments of
+slots with a rank for the slice; a shape-only bound, so CUDA-graph friendly).
 Programs past the last tile, or whose column tile starts past their (narrower) slice, return at
 once. The first B tile is loaded before the token-dependent loads (token ids, then the y and
 lora_out rows), so its latency overlaps the gather. When max_rank fits one BLOCK_K step that is
@@ -24,11 +24,13 @@ all; otherwise the K loop walks the slot's own rank in BLOCK_K steps (padding pa
 nothing), loading each B tile one step ahead. Slice boundaries are passed as scalars: up to
 MAX_SLICES slices (qkv).
 
-Tiles (`EXPAND_TILES`, by number of tokens of the launch): out_dim is wide (1024..14336 per
-slice) and the reduction (the rank) short, so BLOCK_N = 128 columns per program, BLOCK_K = the
-max rank rounded up to a power of two, capped at 16 for decode (registers and shared memory of a
-16-row B tile even when storage is padded to max_lora_rank 64) and 64 otherwise. BLOCK_M follows
-the segment size: 16 (tl.dot's minimum) at decode, 32 up to 512 tokens, 64 for prefill.
+Tiles (`EXPAND_TILES`, keyed by the number of tokens of the launch): out_dim is wide
+(1024..14336 per slice) and the reduction (the rank) short, so BLOCK_N = 128 columns per program,
+BLOCK_K = the max rank rounded up to a power of two, capped at 16 for decode (registers and
+shared memory of a 16-row B tile even when storage is padded to a larger max_lora_rank) and 64
+otherwise. BLOCK_M follows the segment size: 16 (tl.dot's minimum) at decode, 32 up to 512
+tokens, 64 for prefill. `launch_lora_expand` takes the tiles as an argument (benchmarks and
+tests pass candidates).
 
 Numerics: the `lora_out` tile is cast to `lora_b`'s dtype for the tensor-core dot (as vLLM's
 expand does), products accumulate in float32, and `y` is read, added to in float32 and rounded
@@ -40,12 +42,24 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Final
 
 import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.triton.lora_shrink import rank_block, segment_grid, segment_tile
+from loraplex.kernels.triton.launch_checks import check, check_one_device
+from loraplex.kernels.triton.lora_segments import (
+    check_lora_mapping,
+    rank_block,
+    segment_grid,
+    segment_tile,
+    segment_token_ids,
+)
+from loraplex.kernels.triton.tile_table import TileTable, check_dot_tiles
+
+OP = "lora_expand"
+MAX_SLICES = 3
 
 
 @dataclass(frozen=True)
@@ -58,19 +72,20 @@ class ExpandTiles:
     num_warps: int
     num_stages: int
 
+    def __post_init__(self) -> None:
+        check_dot_tiles(block_m=self.block_m, block_n=self.block_n, max_block_k=self.max_block_k)
 
-# (largest number of tokens, tiles): the first row that fits the launch is used. The benchmark
-# (bench/kernels_check.py) swaps the decode row to compare candidates.
-EXPAND_TILES: tuple[tuple[int, ExpandTiles], ...] = (
-    (64, ExpandTiles(block_m=16, block_n=128, max_block_k=16, num_warps=4, num_stages=2)),
-    (512, ExpandTiles(block_m=32, block_n=128, max_block_k=64, num_warps=4, num_stages=2)),
-    (sys.maxsize, ExpandTiles(block_m=64, block_n=128, max_block_k=64, num_warps=4, num_stages=2)),
+
+EXPAND_TILES: Final = TileTable(
+    (
+        (64, ExpandTiles(block_m=16, block_n=128, max_block_k=16, num_warps=4, num_stages=2)),
+        (512, ExpandTiles(block_m=32, block_n=128, max_block_k=64, num_warps=4, num_stages=2)),
+        (
+            sys.maxsize,
+            ExpandTiles(block_m=64, block_n=128, max_block_k=64, num_warps=4, num_stages=2),
+        ),
+    )
 )
-MAX_SLICES = 3
-
-
-def expand_tiles(num_tokens: int) -> ExpandTiles:
-    return next(tiles for bound, tiles in EXPAND_TILES if num_tokens <= bound)
 
 
 def slice_ends(slice_sizes: tuple[int, ...]) -> list[int]:
@@ -124,7 +139,6 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     BLOCK_K: tl.constexpr,
     SINGLE_K: tl.constexpr,  # max_rank <= BLOCK_K: one step
     SLOTS: tl.constexpr,
-    COMPACT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(1)
@@ -136,7 +150,6 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
         max_loras,
         BLOCK_M,
         SLOTS,
-        COMPACT,
     )
     slice_start, slice_end = slice_rows(slice_id, slice_end_0, slice_end_1, slice_end_2)
     n_start = slice_start + pid_n * BLOCK_N
@@ -152,9 +165,7 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     # The first B tile does not depend on the token ids: issue it before the gather.
     b = load_b_tile(b_ptrs, offs_k, mask_n, 0, rank, max_rank)
     scaling = tl.load(scalings_ptr + slot)
-    offs_m = m_start + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < seg_end
-    token_ids = tl.load(sorted_token_ids_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    token_ids, mask_m = segment_token_ids(sorted_token_ids_ptr, m_start, seg_end, BLOCK_M)
     y_ptrs = y_ptr + token_ids[:, None] * stride_ym + (y_offset + offs_n)[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     y = tl.load(y_ptrs, mask=mask, other=0.0)
@@ -176,13 +187,7 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     tl.store(y_ptrs, (y.to(tl.float32) + acc * scaling).to(y.dtype), mask=mask)
 
 
-def _check(op: str, cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"{op}: {msg}")
-
-
-def check_expand_args(
-    op: str,
+def _check_args(
     lora_out: torch.Tensor,
     lora_b: torch.Tensor,
     sorted_token_ids: torch.Tensor,
@@ -193,37 +198,28 @@ def check_expand_args(
     y_offset: int,
     slice_sizes: tuple[int, ...],
 ) -> None:
-    """Raise ValueError (prefixed with `op`) unless the arguments fit `lora_expand`."""
-    _check(op, lora_out.dim() == 3 and lora_b.dim() == 3 and y.dim() == 2, "bad tensor ranks")
+    check(OP, lora_out.dim() == 3 and lora_b.dim() == 3 and y.dim() == 2, "bad tensor ranks")
     num_slices, num_tokens, max_rank = lora_out.shape
     max_loras, total_out, b_rank = lora_b.shape
-    _check(op, len(slice_sizes) == num_slices, "one slice size per lora_out slice")
-    _check(op, num_slices <= MAX_SLICES, f"at most {MAX_SLICES} slices per launch")
-    _check(op, sum(slice_sizes) == total_out, f"slice sizes {slice_sizes} != lora_b rows")
-    _check(op, b_rank == max_rank, f"lora_b max_rank {b_rank} != lora_out max_rank {max_rank}")
-    _check(op, y.shape[0] == num_tokens, "y and lora_out must have the same number of tokens")
-    _check(op, y_offset >= 0 and y_offset + total_out <= y.shape[1], "y_offset out of range")
+    check(OP, len(slice_sizes) == num_slices, "one slice size per lora_out slice")
+    check(OP, num_slices <= MAX_SLICES, f"at most {MAX_SLICES} slices per launch")
+    check(OP, sum(slice_sizes) == total_out, f"slice sizes {slice_sizes} != lora_b rows")
+    check(OP, b_rank == max_rank, f"lora_b max_rank {b_rank} != lora_out max_rank {max_rank}")
+    check(OP, y.shape[0] == num_tokens, "y and lora_out must have the same number of tokens")
+    check(OP, y_offset >= 0 and y_offset + total_out <= y.shape[1], "y_offset out of range")
     float_dtypes = (torch.float16, torch.bfloat16, torch.float32)
-    _check(op, lora_b.dtype in float_dtypes and y.dtype in float_dtypes, "bad floating dtype")
-    _check(op, lora_out.dtype in (torch.float32, lora_b.dtype), "lora_out: fp32 or lora_b's")
-    _check(
-        op,
+    check(OP, lora_b.dtype in float_dtypes and y.dtype in float_dtypes, "bad floating dtype")
+    check(OP, lora_out.dtype in (torch.float32, lora_b.dtype), "lora_out: fp32 or lora_b's")
+    check(
+        OP,
         scalings.shape == (max_loras,) and scalings.dtype == torch.float32,
         "scalings must be float32 [max_loras]",
     )
-    _check(op, sorted_token_ids.shape == (num_tokens,), "sorted_token_ids must be [num_tokens]")
-    _check(op, slot_start_loc.shape == (max_loras + 1,), "slot_start_loc must be [max_loras + 1]")
-    _check(op, lora_ranks.shape == (num_slices, max_loras), "lora_ranks must be [slices, loras]")
-    for name, t in (("sorted_token_ids", sorted_token_ids), ("slot_start_loc", slot_start_loc)):
-        _check(op, t.dtype == torch.int32 and t.is_contiguous(), f"{name} must be contiguous int32")
-    _check(op, lora_ranks.dtype == torch.int32 and lora_ranks.stride(1) == 1, "lora_ranks: int32")
-    _check(op, lora_out.stride(2) == 1 and y.stride(1) == 1, "lora_out and y need contiguous rows")
-    _check(op, lora_b.stride(2) == 1, "lora_b needs a contiguous last dim")
-    devices = {
-        t.device
-        for t in (lora_out, lora_b, y, sorted_token_ids, slot_start_loc, lora_ranks, scalings)
-    }
-    _check(op, len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    mapping = (sorted_token_ids, slot_start_loc, lora_ranks)
+    check_lora_mapping(OP, num_tokens, max_loras, num_slices, *mapping)
+    check(OP, lora_out.stride(2) == 1 and y.stride(1) == 1, "lora_out and y need contiguous rows")
+    check(OP, lora_b.stride(2) == 1, "lora_b needs a contiguous last dim")
+    check_one_device(OP, lora_out, lora_b, y, *mapping, scalings)
 
 
 def lora_expand(
@@ -239,17 +235,35 @@ def lora_expand(
 ) -> None:
     """y[t, y_offset + o_i + j] += scalings[s] * lora_out[i, t, :r] @ lora_b[s, o_i + j, :r]
     for every slice i (o_i = sum(slice_sizes[:i]), j < slice_sizes[i]) and token t of slot s,
-    where r = lora_ranks[i, s]. One launch for all slices."""
-    args = (lora_out, lora_b, sorted_token_ids, slot_start_loc, lora_ranks, scalings, y)
-    check_expand_args("lora_expand", *args, y_offset, slice_sizes)
+    where r = lora_ranks[i, s]. One launch for all slices, with EXPAND_TILES' row for the
+    number of tokens."""
+    tiles = EXPAND_TILES.lookup(y.shape[0])
+    mapping = (sorted_token_ids, slot_start_loc, lora_ranks)
+    launch_lora_expand(lora_out, lora_b, *mapping, scalings, y, y_offset, slice_sizes, tiles)
+
+
+def launch_lora_expand(
+    lora_out: torch.Tensor,
+    lora_b: torch.Tensor,
+    sorted_token_ids: torch.Tensor,
+    slot_start_loc: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    scalings: torch.Tensor,
+    y: torch.Tensor,
+    y_offset: int,
+    slice_sizes: tuple[int, ...],
+    tiles: ExpandTiles,
+) -> None:
+    """`lora_expand` with the given tiles instead of the table's."""
+    mapping = (sorted_token_ids, slot_start_loc, lora_ranks)
+    _check_args(lora_out, lora_b, *mapping, scalings, y, y_offset, slice_sizes)
     num_slices, num_tokens, max_rank = lora_out.shape
     max_loras, total_out, _ = lora_b.shape
     if num_tokens == 0 or total_out == 0 or max_rank == 0:
         return
 
-    tiles = expand_tiles(num_tokens)
     block_k = rank_block(max_rank, tiles.max_block_k)
-    num_tiles, slots, compact = segment_grid(num_tokens, max_loras, tiles.block_m)
+    num_tiles, slots = segment_grid(num_tokens, max_loras, tiles.block_m)
     grid = (num_tiles, triton.cdiv(max(slice_sizes), tiles.block_n), num_slices)
     _lora_expand_kernel[grid](
         lora_out,
@@ -274,7 +288,6 @@ def lora_expand(
         BLOCK_K=block_k,
         SINGLE_K=max_rank <= block_k,
         SLOTS=slots,
-        COMPACT=compact,
         DOT_PRECISION="ieee" if lora_b.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,

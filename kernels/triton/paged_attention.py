@@ -25,24 +25,54 @@ block table, per key, so the KV tile size TILE_N is independent of the cache's b
 
 Scores, the running max/sum and the output accumulate in float32; P is cast to V's dtype for the
 second dot, as in FlashAttention.
+
+Tiles (`ATTENTION_TILES`, keyed by query tokens per sequence, cdiv(num_tokens, num_seqs)): a
+decode step has one query token per sequence, so short row tiles waste less; prefill chunks take
+taller ones. BLOCK_M is at least the GQA group (num_queries_per_kv), rounded up to a power of
+two. `launch_paged_attention` takes the tiles as an argument (benchmarks and tests pass
+candidates).
 """
 
 from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Final
 
 import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.triton.launch_checks import (
+    check,
+    check_contiguous_last_dim,
+    check_one_device,
+)
+from loraplex.kernels.triton.tile_table import MIN_DOT_DIM, TileTable, check_dot_tiles
+
+OP = "paged_attention"
 LOG2E = 1.4426950408889634
-# Tile sizes (rows = query tokens x query heads of one kv head). Decode steps have one query
-# token per sequence, so a short row tile wastes less; prefill uses taller tiles.
-BLOCK_M_DECODE = 16
-BLOCK_M_PREFILL = 64
-TILE_N_DECODE = 32
-TILE_N_PREFILL = 64
-NUM_WARPS = 4
-NUM_STAGES = 2
-MIN_DOT_DIM = 16  # tl.dot needs every tile dimension >= 16
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """Tile shape of one launch."""
+
+    block_m: int  # rows per program (query tokens x query heads of one kv head), at least
+    tile_n: int  # keys per step of the KV loop
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        check_dot_tiles(block_m=self.block_m, tile_n=self.tile_n)
+
+
+ATTENTION_TILES: Final = TileTable(
+    (
+        (1, AttentionTiles(block_m=16, tile_n=32, num_warps=4, num_stages=2)),  # decode
+        (sys.maxsize, AttentionTiles(block_m=64, tile_n=64, num_warps=4, num_stages=2)),
+    )
+)
 
 
 @triton.jit
@@ -173,11 +203,6 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"paged_attention: {msg}")
-
-
 def paged_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -188,50 +213,77 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Causal attention of each sequence's query tokens over its cached K/V.
+    """Causal attention of each sequence's query tokens over its cached K/V, with
+    ATTENTION_TILES' row for the number of query tokens per sequence.
 
     Rows of tokens past query_start_loc[-1] (padding) are left uninitialised, as in the reference.
     """
-    _check(query.dim() == 3 and key_cache.dim() == 4, "query must be 3-D and key_cache 4-D")
-    _check(key_cache.shape == value_cache.shape, "key_cache and value_cache shapes differ")
-    num_tokens, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
-    _check(cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} != query's {head_dim}")
-    _check(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads")
-    _check(query.dtype in (torch.float16, torch.bfloat16, torch.float32), f"dtype {query.dtype}")
-    _check(query.dtype == key_cache.dtype == value_cache.dtype, "query and caches dtypes differ")
-    _check(block_tables.dim() == 2, "block_tables must be [num_seqs, max_num_blocks]")
+    queries_per_seq = triton.cdiv(query.shape[0], max(1, block_tables.shape[0]))
+    tiles = ATTENTION_TILES.lookup(queries_per_seq)
+    args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+    return launch_paged_attention(*args, scale, sliding_window, tiles)
+
+
+def _check_args(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    sliding_window: int | None,
+) -> None:
+    check(OP, query.dim() == 3 and key_cache.dim() == 4, "query must be 3-D and key_cache 4-D")
+    check(OP, key_cache.shape == value_cache.shape, "key_cache and value_cache shapes differ")
+    _, num_heads, head_dim = query.shape
+    _, _, num_kv_heads, cache_head_dim = key_cache.shape
+    check(OP, cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} != query's {head_dim}")
+    check(OP, num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads")
+    check(OP, query.dtype in (torch.float16, torch.bfloat16, torch.float32), f"dtype {query.dtype}")
+    check(OP, query.dtype == key_cache.dtype == value_cache.dtype, "query and caches dtypes differ")
+    check(OP, block_tables.dim() == 2, "block_tables must be [num_seqs, max_num_blocks]")
     num_seqs = block_tables.shape[0]
-    _check(seq_lens.shape == (num_seqs,), "seq_lens must be [num_seqs]")
-    _check(query_start_loc.shape == (num_seqs + 1,), "query_start_loc must be [num_seqs + 1]")
+    check(OP, seq_lens.shape == (num_seqs,), "seq_lens must be [num_seqs]")
+    check(OP, query_start_loc.shape == (num_seqs + 1,), "query_start_loc must be [num_seqs + 1]")
     for name, t in (
         ("block_tables", block_tables),
         ("seq_lens", seq_lens),
         ("query_start_loc", query_start_loc),
     ):
-        _check(t.dtype == torch.int32, f"{name} must be int32")
-    _check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
-    _check(
+        check(OP, t.dtype == torch.int32, f"{name} must be int32")
+    check(OP, block_tables.stride(1) == 1, "block_tables rows must be contiguous")
+    check(
+        OP,
         seq_lens.is_contiguous() and query_start_loc.is_contiguous(),
         "seq_lens and query_start_loc must be contiguous",
     )
-    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-        _check(t.stride(-1) == 1, f"{name} needs a contiguous last dim")
-    _check(sliding_window is None or sliding_window > 0, "sliding_window must be > 0 or None")
-    devices = {
-        t.device for t in (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
-    }
-    _check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    check_contiguous_last_dim(OP, query=query, key_cache=key_cache, value_cache=value_cache)
+    check(OP, sliding_window is None or sliding_window > 0, "sliding_window must be > 0 or None")
+    check_one_device(OP, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
 
+
+def launch_paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    tiles: AttentionTiles,
+) -> torch.Tensor:
+    """`paged_attention` with the given tiles instead of the table's."""
+    args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+    _check_args(*args, sliding_window)
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    num_seqs = block_tables.shape[0]
     out = torch.empty_like(query)
     if num_tokens == 0 or num_seqs == 0:
         return out
     num_queries_per_kv = num_heads // num_kv_heads
-    is_decode = num_tokens <= num_seqs  # every sequence has one query token (or none)
-    block_m = max(
-        BLOCK_M_DECODE if is_decode else BLOCK_M_PREFILL,
-        triton.next_power_of_2(num_queries_per_kv),
-    )
+    block_m = max(tiles.block_m, triton.next_power_of_2(num_queries_per_kv))
     block_q = block_m // num_queries_per_kv
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
@@ -262,10 +314,10 @@ def paged_attention(
         NUM_QUERIES_PER_KV=num_queries_per_kv,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
-        TILE_N=TILE_N_DECODE if is_decode else TILE_N_PREFILL,
+        TILE_N=tiles.tile_n,
         USE_SLIDING_WINDOW=sliding_window is not None,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     return out

@@ -18,6 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.triton.launch_checks import check, check_contiguous_last_dim, check_one_device
+
+OP = "reshape_and_cache"
+
 NUM_WARPS = 4
 
 
@@ -69,11 +73,6 @@ def _reshape_and_cache_kernel(  # type: ignore[no-untyped-def]
     tl.store(value_cache_ptr + dst, v, mask=mask)
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"reshape_and_cache: {msg}")
-
-
 def reshape_and_cache(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -82,31 +81,29 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,  # [num_tokens] int64; -1 = skip
 ) -> None:
     """key_cache/value_cache[slot // block_size, slot % block_size] = key/value[t] (in place)."""
-    _check(key.dim() == 3 and key.shape == value.shape, "key and value must be equal [T, H, D]")
-    _check(
+    check(OP, key.dim() == 3 and key.shape == value.shape, "key and value must be equal [T, H, D]")
+    check(
+        OP,
         key_cache.dim() == 4 and key_cache.shape == value_cache.shape,
         "key_cache and value_cache must be equal [num_blocks, block_size, H, D]",
     )
     num_tokens, num_kv_heads, head_dim = key.shape
-    _check(key_cache.shape[2:] == (num_kv_heads, head_dim), "cache heads/head_dim != key's")
-    _check(
+    check(OP, key_cache.shape[2:] == (num_kv_heads, head_dim), "cache heads/head_dim != key's")
+    check(
+        OP,
         key.dtype == value.dtype == key_cache.dtype == value_cache.dtype,
         "key, value and caches must share one dtype",
     )
-    _check(
+    check(
+        OP,
         slot_mapping.shape == (num_tokens,) and slot_mapping.dtype == torch.int64,
         "slot_mapping must be int64 [num_tokens]",
     )
-    _check(slot_mapping.is_contiguous(), "slot_mapping must be contiguous")
-    for name, t in (
-        ("key", key),
-        ("value", value),
-        ("key_cache", key_cache),
-        ("value_cache", value_cache),
-    ):
-        _check(t.stride(-1) == 1, f"{name} needs a contiguous last dim")
-    devices = {t.device for t in (key, value, key_cache, value_cache, slot_mapping)}
-    _check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    check(OP, slot_mapping.is_contiguous(), "slot_mapping must be contiguous")
+    check_contiguous_last_dim(
+        OP, key=key, value=value, key_cache=key_cache, value_cache=value_cache
+    )
+    check_one_device(OP, key, value, key_cache, value_cache, slot_mapping)
     if num_tokens == 0:
         return
 

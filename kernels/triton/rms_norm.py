@@ -17,6 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.triton.launch_checks import check, check_contiguous_last_dim, check_one_device
+
+OP = "rms_norm"
+
 MAX_HIDDEN_SIZE = 16384  # one row per program must fit in registers
 
 
@@ -62,30 +66,23 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def]
     tl.store(out_ptr + row * stride_out + offs, (weight * normed).to(dtype), mask=mask)
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"rms_norm: {msg}")
-
-
 def _launch(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    _check(x.dim() == 2, f"x must be [num_tokens, hidden_size], got {tuple(x.shape)}")
+    check(OP, x.dim() == 2, f"x must be [num_tokens, hidden_size], got {tuple(x.shape)}")
     num_tokens, hidden_size = x.shape
-    _check(weight.shape == (hidden_size,), "weight must be [hidden_size]")
-    _check(hidden_size <= MAX_HIDDEN_SIZE, f"hidden_size {hidden_size} > {MAX_HIDDEN_SIZE}")
-    _check(weight.dtype == x.dtype, "x and weight must share one dtype")
-    _check(x.stride(-1) == 1 and weight.is_contiguous(), "x needs a contiguous last dim")
+    check(OP, weight.shape == (hidden_size,), "weight must be [hidden_size]")
+    check(OP, hidden_size <= MAX_HIDDEN_SIZE, f"hidden_size {hidden_size} > {MAX_HIDDEN_SIZE}")
+    check(OP, weight.dtype == x.dtype, "x and weight must share one dtype")
+    check(OP, x.stride(-1) == 1 and weight.is_contiguous(), "x needs a contiguous last dim")
     if residual is not None:
-        _check(
+        check(
+            OP,
             residual.shape == x.shape and residual.dtype == x.dtype,
             "residual must match x's shape and dtype",
         )
-        _check(residual.stride(-1) == 1, "residual needs a contiguous last dim")
-    _check(
-        len({t.device for t in (x, weight, residual) if t is not None}) == 1,
-        "all tensors must be on one device",
-    )
+        check_contiguous_last_dim(OP, residual=residual)
+    check_one_device(OP, *(t for t in (x, weight, residual) if t is not None))
 
     out = torch.empty((num_tokens, hidden_size), dtype=x.dtype, device=x.device)
     new_residual = None if residual is None else torch.empty_like(out)

@@ -22,6 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.triton.launch_checks import check, check_contiguous_last_dim, check_one_device
+
+OP = "apply_rotary_pos_emb"
+
 NUM_WARPS = 4
 
 
@@ -112,11 +116,6 @@ def _rotary_kernel(  # type: ignore[no-untyped-def]
     )
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"apply_rotary_pos_emb: {msg}")
-
-
 def apply_rotary_pos_emb(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -124,19 +123,19 @@ def apply_rotary_pos_emb(
     sin: torch.Tensor,  # [num_tokens, head_dim]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated (q, k) as new contiguous tensors; q and k may be strided views."""
-    _check(q.dim() == 3 and k.dim() == 3, "q and k must be [num_tokens, heads, head_dim]")
+    check(OP, q.dim() == 3 and k.dim() == 3, "q and k must be [num_tokens, heads, head_dim]")
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    _check(k.shape == (num_tokens, num_kv_heads, head_dim), "k must match q's tokens/head_dim")
-    _check(head_dim % 2 == 0, f"head_dim must be even, got {head_dim}")
-    _check(
+    check(OP, k.shape == (num_tokens, num_kv_heads, head_dim), "k must match q's tokens/head_dim")
+    check(OP, head_dim % 2 == 0, f"head_dim must be even, got {head_dim}")
+    check(
+        OP,
         cos.shape == (num_tokens, head_dim) and sin.shape == cos.shape,
         "cos and sin must be [num_tokens, head_dim]",
     )
-    _check(q.dtype == k.dtype == cos.dtype == sin.dtype, "q, k, cos, sin must share one dtype")
-    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
-        _check(t.stride(-1) == 1, f"{name} needs a contiguous last dim")
-    _check(len({t.device for t in (q, k, cos, sin)}) == 1, "all tensors must be on one device")
+    check(OP, q.dtype == k.dtype == cos.dtype == sin.dtype, "q, k, cos, sin must share one dtype")
+    check_contiguous_last_dim(OP, q=q, k=k, cos=cos, sin=sin)
+    check_one_device(OP, q, k, cos, sin)
 
     q_out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     k_out = torch.empty((num_tokens, num_kv_heads, head_dim), dtype=k.dtype, device=k.device)

@@ -15,6 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.triton.launch_checks import check
+
+OP = "silu_and_mul"
+
 BLOCK = 1024
 NUM_WARPS = 4
 
@@ -39,17 +43,12 @@ def _silu_and_mul_kernel(  # type: ignore[no-untyped-def]
     tl.store(out_ptr + token * stride_out + offs, (act * up).to(dtype), mask=mask)
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"silu_and_mul: {msg}")
-
-
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x [num_tokens, 2 * intermediate_size]
     """silu(x[:, :I]) * x[:, I:] -> [num_tokens, I] in x's dtype (a new tensor)."""
-    _check(x.dim() == 2, f"x must be [num_tokens, 2 * intermediate], got {tuple(x.shape)}")
+    check(OP, x.dim() == 2, f"x must be [num_tokens, 2 * intermediate], got {tuple(x.shape)}")
     num_tokens, width = x.shape
-    _check(width % 2 == 0, f"last dim must be even, got {width}")
-    _check(x.stride(-1) == 1, "x needs a contiguous last dim")
+    check(OP, width % 2 == 0, f"last dim must be even, got {width}")
+    check(OP, x.stride(-1) == 1, "x needs a contiguous last dim")
     intermediate = width // 2
     out = torch.empty((num_tokens, intermediate), dtype=x.dtype, device=x.device)
     if num_tokens == 0:

@@ -6,7 +6,6 @@ kernel that reads outside a sequence's blocks or past its length fails.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import ModuleType
 
 import pytest
@@ -14,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from loraplex.kernels import reference
+from loraplex.kernels.triton.paged_attention import ATTENTION_TILES, launch_paged_attention
+from tests.kernels.paged_inputs import PagedBatch, make_paged_batch
 
 BF16 = pytest.param(
     torch.bfloat16,
@@ -24,71 +25,6 @@ BF16 = pytest.param(
 )
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"), BF16]
 ATOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
-
-
-@dataclass
-class PagedBatch:
-    query: torch.Tensor  # [num_tokens, num_heads, head_dim]
-    key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
-    value_cache: torch.Tensor
-    block_tables: torch.Tensor  # [num_seqs, max_num_blocks] int32
-    seq_lens: torch.Tensor  # [num_seqs] int32
-    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
-
-    @property
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return (
-            self.query,
-            self.key_cache,
-            self.value_cache,
-            self.block_tables,
-            self.seq_lens,
-            self.query_start_loc,
-        )
-
-
-def make_batch(
-    seq_lens: list[int],
-    q_lens: list[int],
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> PagedBatch:
-    """Shuffled (non-contiguous) block ids; unused blocks and slots past seq_len are NaN."""
-    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 3  # 3 blocks nobody owns
-    max_num_blocks = max(blocks_per_seq) + 1  # a spare column pointing at an unowned block
-    perm = torch.randperm(num_blocks)
-    nan = float("nan")
-    block_tables = torch.full((len(seq_lens), max_num_blocks), int(perm[-1]), dtype=torch.int32)
-    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), nan)
-    value_cache = key_cache.clone()
-    used = 0
-    for seq, (seq_len, n) in enumerate(zip(seq_lens, blocks_per_seq, strict=True)):
-        ids = perm[used : used + n]
-        used += n
-        block_tables[seq, :n] = ids.to(torch.int32)
-        shape = (seq_len, num_kv_heads, head_dim)
-        flat_k = key_cache[ids].reshape(-1, num_kv_heads, head_dim)
-        flat_v = value_cache[ids].reshape(-1, num_kv_heads, head_dim)
-        flat_k[:seq_len] = torch.randn(shape)
-        flat_v[:seq_len] = torch.randn(shape)
-        key_cache[ids] = flat_k.view(n, block_size, num_kv_heads, head_dim)
-        value_cache[ids] = flat_v.view(n, block_size, num_kv_heads, head_dim)
-    query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
-    query_start_loc[1:] = torch.cumsum(torch.tensor(q_lens), 0)
-    query = torch.randn(int(query_start_loc[-1]), num_heads, head_dim)
-    return PagedBatch(
-        query=query.to(device, dtype),
-        key_cache=key_cache.to(device, dtype),
-        value_cache=value_cache.to(device, dtype),
-        block_tables=block_tables.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        query_start_loc=query_start_loc.to(device),
-    )
 
 
 def dense_attention(batch: PagedBatch, scale: float, sliding_window: int | None) -> torch.Tensor:
@@ -146,7 +82,7 @@ def test_reference_matches_dense_causal_sdpa(
     num_heads: int, num_kv_heads: int, block_size: int, sliding_window: int | None
 ) -> None:
     cpu = torch.device("cpu")
-    batch = make_batch(*MIXED, num_heads, num_kv_heads, 32, block_size, torch.float32, cpu)
+    batch = make_paged_batch(*MIXED, num_heads, num_kv_heads, 32, block_size, torch.float32, cpu)
     actual = reference.paged_attention(*batch.args, 0.2, sliding_window)
     expected = dense_attention(batch, 0.2, sliding_window)
     torch.testing.assert_close(actual.double(), expected, atol=1e-5, rtol=1e-5)
@@ -168,7 +104,7 @@ def test_triton_matches_reference(
     dtype: torch.dtype,
 ) -> None:
     seq_lens, q_lens = MIXED if batch_kind == "mixed" else DECODE
-    batch = make_batch(
+    batch = make_paged_batch(
         seq_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device
     )
     scale = head_dim**-0.5
@@ -189,7 +125,7 @@ def test_triton_sliding_window_matches_reference(
     dtype: torch.dtype,
 ) -> None:
     seq_lens, q_lens = MIXED if batch_kind == "mixed" else DECODE
-    batch = make_batch(seq_lens, q_lens, 4, 2, 32, 16, dtype, device)
+    batch = make_paged_batch(seq_lens, q_lens, 4, 2, 32, 16, dtype, device)
     expected = reference.paged_attention(*batch.args, 0.2, sliding_window)
     actual = triton_kernels.paged_attention(*batch.args, 0.2, sliding_window)
     torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
@@ -199,7 +135,7 @@ def test_triton_odd_head_dim_and_empty_sequence(
     triton_kernels: ModuleType, device: torch.device
 ) -> None:
     """head_dim 24 is padded to 32 inside the kernel; a sequence with no query tokens is legal."""
-    batch = make_batch([9, 20, 31], [9, 0, 3], 4, 1, 24, 16, torch.float32, device)
+    batch = make_paged_batch([9, 20, 31], [9, 0, 3], 4, 1, 24, 16, torch.float32, device)
     expected = reference.paged_attention(*batch.args, 0.3)
     actual = triton_kernels.paged_attention(*batch.args, 0.3)
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-3)
@@ -208,7 +144,7 @@ def test_triton_odd_head_dim_and_empty_sequence(
 def test_triton_paged_attention_rejects_bad_inputs(
     triton_kernels: ModuleType, device: torch.device
 ) -> None:
-    batch = make_batch([5], [5], 4, 2, 16, 16, torch.float32, device)
+    batch = make_paged_batch([5], [5], 4, 2, 16, 16, torch.float32, device)
     with pytest.raises(ValueError, match="dtype"):
         triton_kernels.paged_attention(batch.query.half(), *batch.args[1:], 0.2)
     with pytest.raises(ValueError, match="int32"):
@@ -217,3 +153,28 @@ def test_triton_paged_attention_rejects_bad_inputs(
         triton_kernels.paged_attention(*args, 0.2)
     with pytest.raises(ValueError, match="multiple"):
         triton_kernels.paged_attention(batch.query[:, :3], *batch.args[1:], 0.2)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 8])
+@pytest.mark.parametrize("row", range(len(ATTENTION_TILES.rows)))
+@pytest.mark.parametrize("batch_kind", ["mixed", "decode"])
+def test_triton_matches_reference_with_each_tile_row(
+    triton_kernels: ModuleType,
+    device: torch.device,
+    batch_kind: str,
+    row: int,
+    sliding_window: int | None,
+) -> None:
+    """Each row's tiles, passed explicitly, on decode and mixed batches alike."""
+    seq_lens, q_lens = MIXED if batch_kind == "mixed" else DECODE
+    batch = make_paged_batch(seq_lens, q_lens, 6, 2, 32, 16, torch.float32, device)
+    expected = reference.paged_attention(*batch.args, 0.2, sliding_window)
+    tiles = ATTENTION_TILES.rows[row][1]
+    actual = launch_paged_attention(*batch.args, 0.2, sliding_window, tiles)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-2)
+
+
+def test_attention_tiles_are_keyed_by_query_tokens_per_sequence() -> None:
+    decode, prefill = (tiles for _, tiles in ATTENTION_TILES.rows)
+    assert ATTENTION_TILES.lookup(1) == decode
+    assert ATTENTION_TILES.lookup(2) == prefill

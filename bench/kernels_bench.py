@@ -1,0 +1,200 @@
+"""Kernel timings on a CUDA GPU at Llama-3-8B shapes in bf16: what an engine step spends in each.
+
+Correctness is tested in tests/ (`pytest -m gpu`); this script only sanity-checks the LoRA step
+it times against the reference first. Run from the repo root with `loraplex` installed:
+
+    python3 bench/kernels_bench.py [--tiles]
+
+1. Paged attention: decode (batch 32 and 64, context 640; GB/s of KV read) and prefill (4 x 512).
+2. Fused decoder ops, Triton vs the reference: eager, and per call in a CUDA graph of 20 calls,
+   at T = 64 (decode) and 4096 (a prefill chunk); the decode-step total over 32 layers.
+3. LoRA as the engine runs it: 32-layer LoRASlots (8 adapters x rank 16 on all 7 modules;
+   storage max_lora_rank 16 and 64) driven through LoRABatch (begin, base GEMM, finish; o_proj's
+   and down_proj's deltas into the residual stream), as CUDA graphs of all 32 layers. Per layer:
+   'lora' = the LoRA launches alone, 'step' = (base GEMMs + LoRA) - base GEMMs.
+4. `--tiles`: candidate tiles, passed explicitly to launch_lora_shrink / launch_lora_expand, each
+   kernel alone over a layer's 4 slice groups at T = 64 (decode row) and 4096 (prefill row).
+
+Prints a table per part; writes $OUT/kernels.json when OUT is set. Exits 1 if the sanity check
+fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+from kernel_timing import bench_us, graph_us
+from lora_step import LLAMA3_8B, NUM_LAYERS, LoRAStep, create_base_weights, create_lora_slots
+from lora_tile_candidates import time_tile_candidates
+
+from loraplex.engine.model.hf_config import RopeConfig
+from loraplex.engine.model.rotary import RotaryEmbedding
+from loraplex.kernels import triton as triton_kernels
+from loraplex.kernels.reference import fused_ops
+
+DTYPE = torch.bfloat16
+DEVICE = torch.device("cuda")
+HIDDEN, INTERMEDIATE = LLAMA3_8B.hidden_size, LLAMA3_8B.intermediate_size
+NUM_HEADS, NUM_KV_HEADS = LLAMA3_8B.num_attention_heads, LLAMA3_8B.num_key_value_heads
+HEAD_DIM, BLOCK_SIZE = LLAMA3_8B.head_dim, 16
+LORA_TOKENS = (32, 64, 256, 2048)
+STORAGE_RANKS = (16, 64)  # max_lora_rank: offline_throughput.py's, the engine's default
+GRAPH_REPEATS = 20
+
+
+def paged_inputs(seq_lens: list[int], q_lens: list[int]) -> tuple[torch.Tensor, ...]:
+    """query, key/value caches, block tables (shuffled block ids), seq_lens, query_start_loc."""
+    blocks = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    perm = torch.randperm(sum(blocks), device=DEVICE).to(torch.int32)
+    block_tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32, device=DEVICE)
+    for seq, start in enumerate([sum(blocks[:i]) for i in range(len(blocks))]):
+        block_tables[seq, : blocks[seq]] = perm[start : start + blocks[seq]]
+    shape = (sum(blocks), BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    caches = [torch.randn(shape, device=DEVICE, dtype=DTYPE) for _ in range(2)]
+    query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32, device=DEVICE)
+    query_start_loc[1:] = torch.cumsum(torch.tensor(q_lens, device=DEVICE), 0)
+    num_tokens = sum(q_lens)
+    query = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, device=DEVICE, dtype=DTYPE)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    return query, *caches, block_tables, seq_lens_t, query_start_loc
+
+
+def time_paged_attention(tk: Any) -> dict[str, float]:
+    print("paged attention (bf16, 32 q heads / 8 kv heads, head_dim 128, block 16)")
+    scale = HEAD_DIM**-0.5
+    out = {}
+    kv_bytes_per_token = 2 * NUM_KV_HEADS * HEAD_DIM * DTYPE.itemsize
+    for batch in (32, 64):
+        args = paged_inputs([640] * batch, [1] * batch)
+        us = bench_us(functools.partial(tk.paged_attention, *args, scale))
+        gbps = batch * 640 * kv_bytes_per_token / us / 1e3
+        print(f"  decode batch {batch:>2} ctx 640: {us:8.1f} us  ({gbps:6.0f} GB/s of KV)")
+        out[f"decode_b{batch}_ctx640_us"] = us
+    args = paged_inputs([512] * 4, [512] * 4)
+    us = bench_us(functools.partial(tk.paged_attention, *args, scale))
+    flops = 4 * 4 * 512 * 512 * NUM_HEADS * HEAD_DIM / 2  # QK^T and PV, causal half
+    print(f"  prefill 4 x 512:          {us:8.1f} us  ({flops / us / 1e6:6.1f} TFLOP/s)")
+    out["prefill_4x512_us"] = us
+    return out
+
+
+def fused_op_calls(impl: Any, num_tokens: int) -> dict[str, Callable[[], Any]]:
+    """op name -> a closure running it through `impl` on the tensors the model hands it."""
+    qkv = torch.randn(num_tokens, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, device=DEVICE)
+    qkv = qkv.to(DTYPE)
+    q, k = qkv[:, :NUM_HEADS], qkv[:, NUM_HEADS : NUM_HEADS + NUM_KV_HEADS]
+    rope = RopeConfig(
+        rope_type="llama3",
+        rope_theta=500000.0,
+        factor=8.0,
+        original_max_position_embeddings=8192,
+    )
+    positions = torch.randint(0, 8192, (num_tokens,), device=DEVICE)
+    cos, sin = RotaryEmbedding(rope, HEAD_DIM, DEVICE)(positions, DTYPE)
+    x = torch.randn(num_tokens, HIDDEN, device=DEVICE, dtype=DTYPE)
+    residual = torch.randn(num_tokens, HIDDEN, device=DEVICE, dtype=DTYPE)
+    weight = torch.ones(HIDDEN, device=DEVICE, dtype=DTYPE)
+    gate_up = torch.randn(num_tokens, 2 * INTERMEDIATE, device=DEVICE, dtype=DTYPE)
+    return {
+        "rms_norm": lambda: impl.rms_norm(x, weight, 1e-5),
+        "fused_add_rms_norm": lambda: impl.fused_add_rms_norm(x, residual, weight, 1e-5),
+        "apply_rotary_pos_emb": lambda: impl.apply_rotary_pos_emb(q, k, cos, sin),
+        "silu_and_mul": lambda: impl.silu_and_mul(gate_up),
+    }
+
+
+def time_fused_ops(tk: Any) -> dict[str, Any]:
+    print(f"fused ops, us per call: eager | in a CUDA graph ({GRAPH_REPEATS} calls captured)")
+    rows = []
+    for num_tokens in (64, 4096):
+        fused, unfused = fused_op_calls(tk, num_tokens), fused_op_calls(fused_ops, num_tokens)
+        for name in fused:
+            row = {"op": name, "num_tokens": num_tokens}
+            for impl, calls in (("triton", fused), ("reference", unfused)):
+                row[f"{impl}_us"] = bench_us(calls[name])
+                row[f"{impl}_graph_us"] = graph_us(calls[name], GRAPH_REPEATS) / GRAPH_REPEATS
+            rows.append(row)
+            print(
+                f"  {name:<22} T={num_tokens:<5} triton {row['triton_us']:7.1f} ref "
+                f"{row['reference_us']:7.1f} | graph triton {row['triton_graph_us']:7.1f} ref "
+                f"{row['reference_graph_us']:7.1f}"
+            )
+    per_layer = {"fused_add_rms_norm": 2, "apply_rotary_pos_emb": 1, "silu_and_mul": 1}
+    decode = [r for r in rows if r["num_tokens"] == 64 and r["op"] in per_layer]
+    step_ms = {
+        impl: NUM_LAYERS * sum(per_layer[r["op"]] * r[f"{impl}_graph_us"] for r in decode) / 1e3
+        for impl in ("triton", "reference")
+    }
+    print(
+        f"  decode step (T=64, {NUM_LAYERS} layers, graph): norms + rotary + silu "
+        f"{step_ms['reference']:.2f} ms reference -> {step_ms['triton']:.2f} ms Triton"
+    )
+    return {"rows": rows, "decode_step_ms": step_ms}
+
+
+def time_lora() -> dict[str, Any]:
+    print(
+        f"LoRA per layer: {NUM_LAYERS} layers x 4 projections, 8 adapters x rank 16, bf16, CUDA "
+        "graphs of all layers; 'lora' = LoRA alone, 'step' = (GEMMs + LoRA) - GEMMs, in us"
+    )
+    print(f"  {'max_lora_rank':>13} {'T':>5} {'GEMMs':>8} {'lora':>8} {'step':>8}")
+    table = {}
+    weights = None
+    for max_rank in STORAGE_RANKS:
+        slots = create_lora_slots(max_rank, DTYPE, DEVICE)
+        weights = weights or create_base_weights(slots, DTYPE, DEVICE)
+        for num_tokens in LORA_TOKENS:
+            step = LoRAStep(slots, num_tokens, weights)
+            if max_rank == STORAGE_RANKS[0] and num_tokens == 64 and not step.sanity_check():
+                print("  FAIL  the LoRA step differs from the reference: not timing it")
+                raise SystemExit(1)
+            gemms = graph_us(functools.partial(step.run, lora=False, gemms=True)) / NUM_LAYERS
+            lora = graph_us(functools.partial(step.run, lora=True, gemms=False)) / NUM_LAYERS
+            both = graph_us(functools.partial(step.run, lora=True, gemms=True)) / NUM_LAYERS
+            cell = {"base_gemms_us": gemms, "lora_us": lora, "step_us": both - gemms}
+            table[f"max_lora_rank {max_rank} T {num_tokens}"] = cell
+            print(
+                f"  {max_rank:>13} {num_tokens:>5} {gemms:8.1f} {lora:8.1f} {cell['step_us']:8.1f}"
+            )
+    return table
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("kernels_bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    env = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    print(" ".join(f"{k}={v}" for k, v in env.items()))
+    results: dict[str, Any] = {"env": env}
+    results["paged_attention"] = time_paged_attention(triton_kernels)
+    results["fused_ops"] = time_fused_ops(triton_kernels)
+    results["lora_us_per_layer"] = time_lora()
+    if "--tiles" in sys.argv:
+        results["lora_tile_candidates_us_per_layer"] = time_tile_candidates(DTYPE, DEVICE)
+    results["wall_s"] = time.perf_counter() - started
+    print(f"done in {results['wall_s']:.1f} s")
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        path = Path(out_dir) / "kernels.json"
+        path.write_text(json.dumps(results, indent=2))
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

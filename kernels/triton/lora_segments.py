@@ -1,0 +1,93 @@
+"""Segment tiles: the token grid shared by the SGMV shrink and expand (Punica).
+
+Tokens are grouped by adapter slot (`kernels/lora_mapping.py`): slot s owns the segment
+`sorted_token_ids[slot_start_loc[s]:slot_start_loc[s + 1]]`. For one slice, the segment tiles
+are the BLOCK_M-token tiles of every segment whose slot has a non-zero rank for that slice,
+numbered in slot order. Program `tile` finds its (slot, first token) from `slot_start_loc` and
+the slice's ranks, loaded as vectors:
+
+    slot_start_loc [0, 5, 5, 22]   ranks [8, 16, 4]   BLOCK_M 16
+    tiles per slot  1, 0, 2        tile 0 -> slot 0, tokens [0, 5); 1 -> slot 2, [5, 21);
+                                   2 -> slot 2, [21, 22); 3.. -> none (returns at once)
+
+The number of tiles launched depends on shapes only, never on the mapping's values (CUDA-graph
+friendly): num_tokens // BLOCK_M + min(max_loras, num_tokens) bounds the tiles of any mapping,
+since each segment adds at most one partial tile.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from loraplex.kernels.triton.launch_checks import check
+from loraplex.kernels.triton.tile_table import MIN_DOT_DIM
+
+
+def segment_grid(num_tokens: int, max_loras: int, block_m: int) -> tuple[int, int]:
+    """(number of segment tiles to launch, SLOTS: max_loras rounded up to a power of two)."""
+    slots = max(2, triton.next_power_of_2(max_loras))
+    return num_tokens // block_m + min(max_loras, num_tokens), slots
+
+
+def rank_block(max_rank: int, max_block: int) -> int:
+    """A rank tile: max_rank rounded up to a power of two, within [MIN_DOT_DIM, max_block]."""
+    return min(max_block, max(MIN_DOT_DIM, triton.next_power_of_2(max_rank)))
+
+
+@triton.jit
+def segment_tile(  # type: ignore[no-untyped-def]
+    tile,
+    slot_start_loc_ptr,
+    ranks_ptr,  # one slice's ranks: [max_loras]
+    max_loras,
+    BLOCK_M: tl.constexpr,
+    SLOTS: tl.constexpr,  # max_loras rounded up to a power of two
+):
+    """(slot, m_start, seg_end, rank) of a segment tile: tokens sorted_token_ids[m_start:
+    min(m_start + BLOCK_M, seg_end)] of `slot`, whose rank for the slice is `rank`. No work when
+    m_start >= seg_end (and slot is then meaningless)."""
+    offs = tl.arange(0, SLOTS)
+    valid = offs < max_loras
+    starts = tl.load(slot_start_loc_ptr + offs, mask=valid, other=0)
+    ends = tl.load(slot_start_loc_ptr + offs + 1, mask=valid, other=0)
+    ranks = tl.load(ranks_ptr + offs, mask=valid, other=0)
+    num_tiles = tl.where(ranks > 0, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
+    tiles_end = tl.cumsum(num_tiles, 0)  # inclusive: slot s owns tiles [end - n, end)
+    slot = tl.sum((tiles_end <= tile).to(tl.int32), 0)
+    here = offs == slot  # all False past the last tile: m_start = seg_end = 0
+    first = starts + (tile - tiles_end + num_tiles) * BLOCK_M
+    m_start = tl.sum(tl.where(here, first, 0), 0)
+    seg_end = tl.sum(tl.where(here, ends, 0), 0)
+    rank = tl.sum(tl.where(here, ranks, 0), 0)
+    return slot, m_start, seg_end, rank
+
+
+@triton.jit
+def segment_token_ids(  # type: ignore[no-untyped-def]
+    sorted_token_ids_ptr, m_start, seg_end, BLOCK_M: tl.constexpr
+):
+    """(token ids [BLOCK_M] int64, mask) of a segment tile's rows; masked rows read token 0."""
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < seg_end
+    token_ids = tl.load(sorted_token_ids_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    return token_ids, mask_m
+
+
+def check_lora_mapping(
+    op: str,
+    num_tokens: int,
+    max_loras: int,
+    num_slices: int,
+    sorted_token_ids: torch.Tensor,
+    slot_start_loc: torch.Tensor,
+    lora_ranks: torch.Tensor,
+) -> None:
+    """Raise ValueError (prefixed with `op`) unless the mapping fits the launch's shapes."""
+    check(op, sorted_token_ids.shape == (num_tokens,), "sorted_token_ids must be [num_tokens]")
+    check(op, slot_start_loc.shape == (max_loras + 1,), "slot_start_loc must be [max_loras + 1]")
+    check(op, lora_ranks.shape == (num_slices, max_loras), "lora_ranks must be [slices, loras]")
+    for name, t in (("sorted_token_ids", sorted_token_ids), ("slot_start_loc", slot_start_loc)):
+        check(op, t.dtype == torch.int32 and t.is_contiguous(), f"{name} must be contiguous int32")
+    check(op, lora_ranks.dtype == torch.int32 and lora_ranks.stride(1) == 1, "lora_ranks: int32")

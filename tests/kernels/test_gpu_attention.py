@@ -1,0 +1,78 @@
+"""Paged attention and the KV-cache write on the GPU at Llama-3-8B shapes, per dtype.
+
+32 query heads over 8 kv heads, head_dim 128, block_size 16; cache blocks nobody owns and
+slots past each sequence's length hold NaN (tests/kernels/paged_inputs.py).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+import torch
+
+from loraplex.kernels import reference
+from tests.kernels.llama3_shapes import (
+    BLOCK_SIZE,
+    GPU_DTYPES,
+    HEAD_DIM,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    ROUNDED,
+    assert_close,
+)
+from tests.kernels.paged_inputs import make_paged_batch
+
+pytestmark = pytest.mark.gpu
+
+CUDA = torch.device("cuda")
+SCALE = HEAD_DIM**-0.5
+# name -> (seq_lens, query tokens per sequence, sliding window)
+BATCHES = {
+    "mixed-2-chunks-1-prompt-13-decodes": (
+        [700, 1000, 333] + [640 + 7 * i for i in range(13)],
+        [200, 512, 333] + [1] * 13,
+        None,
+    ),
+    "decode-64-seqs-ctx-640": ([640] * 64, [1] * 64, None),
+    "mixed-sliding-window-256": ([700, 1000, 90, 640], [200, 512, 90, 1], 256),
+}
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("batch_name", list(BATCHES))
+def test_paged_attention_matches_reference(
+    triton_kernels: ModuleType, batch_name: str, dtype: torch.dtype
+) -> None:
+    seq_lens, q_lens, window = BATCHES[batch_name]
+    batch = make_paged_batch(
+        seq_lens, q_lens, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype, CUDA
+    )
+    expected = reference.paged_attention(*batch.args, SCALE, window)
+    actual = triton_kernels.paged_attention(*batch.args, SCALE, window)
+    assert_close(actual, expected, ROUNDED[dtype])
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_reshape_and_cache_matches_reference(
+    triton_kernels: ModuleType, dtype: torch.dtype
+) -> None:
+    """Strided key/value views of a fused qkv output; -1 slots skipped; exact copies."""
+    num_tokens, num_blocks = 300, 64
+    qkv = torch.randn(num_tokens, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, device=CUDA).to(dtype)
+    key = qkv[:, NUM_HEADS : NUM_HEADS + NUM_KV_HEADS]
+    value = qkv[:, NUM_HEADS + NUM_KV_HEADS :]
+    slot_mapping = torch.randperm(num_blocks * BLOCK_SIZE, device=CUDA)[:num_tokens]
+    slot_mapping[::9] = -1
+    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    key_cache = torch.randn(shape, device=CUDA).to(dtype)
+    value_cache = torch.randn(shape, device=CUDA).to(dtype)
+    expected_k, expected_v = key_cache.clone(), value_cache.clone()
+    reference.reshape_and_cache(key, value, expected_k, expected_v, slot_mapping)
+    triton_kernels.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    assert torch.equal(key_cache, expected_k)
+    assert torch.equal(value_cache, expected_v)
+    written = slot_mapping[slot_mapping >= 0]
+    assert torch.equal(
+        value_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[written], value[slot_mapping >= 0]
+    )

@@ -1,0 +1,35 @@
+"""RMSNorm (+ residual add), RoPE (llama3 scaling) and SiLU-and-mul on the GPU at Llama-3-8B
+shapes: Triton vs the reference per dtype, at a decode batch and a prefill chunk."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+import torch
+
+from loraplex.kernels.reference import fused_ops as reference
+from tests.kernels.fused_op_inputs import FUSED_OPS, fused_op_call, fused_op_inputs
+from tests.kernels.llama3_shapes import GPU_DTYPES, ROUNDED, assert_close
+
+pytestmark = pytest.mark.gpu
+
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("num_tokens", [64, 4096])
+@pytest.mark.parametrize("op", FUSED_OPS)
+def test_fused_op_matches_reference_and_leaves_inputs(
+    triton_kernels: ModuleType, op: str, num_tokens: int, dtype: torch.dtype
+) -> None:
+    inputs = fused_op_inputs(num_tokens, dtype, CUDA)
+    before = {name: t.clone() for name, t in inputs.items()}
+    actual = fused_op_call(triton_kernels, op, inputs)()
+    expected = fused_op_call(reference, op, inputs)()
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        assert a.is_contiguous()
+        assert_close(a, e, ROUNDED[dtype])
+    for name, t in inputs.items():  # out of place
+        assert torch.equal(t, before[name]), name
