@@ -1,17 +1,18 @@
 """Segment tiles: the token grid shared by the SGMV shrink and expand (Punica).
 
-Tokens are grouped by adapter slot (`kernels/lora_mapping.py`): slot s owns the segment
-`sorted_token_ids[slot_start_loc[s]:slot_start_loc[s + 1]]`. For one slice, the segment tiles
-are the BLOCK_M-token tiles of every segment whose slot has a non-zero rank for that slice,
-numbered in slot order. Program `tile` finds its (slot, first token) from `slot_start_loc` and
-the slice's ranks, loaded as vectors:
+Tokens are grouped by batch slot (`kernels/lora_mapping.py`): slot s owns the segment
+`sorted_token_ids[slot_start_loc[s]:slot_start_loc[s + 1]]`, and its adapter is
+`slot_adapters[s]` (a row of the adapter tables). For one slice, the segment tiles are the
+BLOCK_M-token tiles of every segment whose adapter has a non-zero rank for that slice, numbered
+in slot order. Program `tile` finds its (slot, first token) from `slot_start_loc` and the
+slice's ranks of the slots' adapters, loaded as vectors:
 
     slot_start_loc [0, 5, 5, 22]   ranks [8, 16, 4]   BLOCK_M 16
     tiles per slot  1, 0, 2        tile 0 -> slot 0, tokens [0, 5); 1 -> slot 2, [5, 21);
                                    2 -> slot 2, [21, 22); 3.. -> none (returns at once)
 
 The number of tiles launched depends on shapes only, never on the mapping's values (CUDA-graph
-friendly): num_tokens // BLOCK_M + min(max_loras, num_tokens) bounds the tiles of any mapping,
+friendly): num_tokens // BLOCK_M + min(num_slots, num_tokens) bounds the tiles of any mapping,
 since each segment adds at most one partial tile.
 """
 
@@ -25,10 +26,10 @@ from loraplex.kernels.triton.launch_checks import check
 from loraplex.kernels.triton.tile_table import MIN_DOT_DIM
 
 
-def segment_grid(num_tokens: int, max_loras: int, block_m: int) -> tuple[int, int]:
-    """(number of segment tiles to launch, SLOTS: max_loras rounded up to a power of two)."""
-    slots = max(2, triton.next_power_of_2(max_loras))
-    return num_tokens // block_m + min(max_loras, num_tokens), slots
+def segment_grid(num_tokens: int, num_slots: int, block_m: int) -> tuple[int, int]:
+    """(number of segment tiles to launch, SLOTS: num_slots rounded up to a power of two)."""
+    slots = max(2, triton.next_power_of_2(num_slots))
+    return num_tokens // block_m + min(num_slots, num_tokens), slots
 
 
 def rank_block(max_rank: int, max_block: int) -> int:
@@ -40,19 +41,21 @@ def rank_block(max_rank: int, max_block: int) -> int:
 def segment_tile(  # type: ignore[no-untyped-def]
     tile,
     slot_start_loc_ptr,
-    ranks_ptr,  # one slice's ranks: [max_loras]
-    max_loras,
+    slot_adapters_ptr,
+    ranks_ptr,  # one slice's ranks, per adapter: [num_adapters]
+    num_slots,
     BLOCK_M: tl.constexpr,
-    SLOTS: tl.constexpr,  # max_loras rounded up to a power of two
+    SLOTS: tl.constexpr,  # num_slots rounded up to a power of two
 ):
-    """(slot, m_start, seg_end, rank) of a segment tile: tokens sorted_token_ids[m_start:
-    min(m_start + BLOCK_M, seg_end)] of `slot`, whose rank for the slice is `rank`. No work when
-    m_start >= seg_end (and slot is then meaningless)."""
+    """(adapter, m_start, seg_end, rank) of a segment tile: tokens sorted_token_ids[m_start:
+    min(m_start + BLOCK_M, seg_end)] of one slot, whose adapter has rank `rank` for the slice.
+    No work when m_start >= seg_end (and adapter is then meaningless)."""
     offs = tl.arange(0, SLOTS)
-    valid = offs < max_loras
+    valid = offs < num_slots
     starts = tl.load(slot_start_loc_ptr + offs, mask=valid, other=0)
     ends = tl.load(slot_start_loc_ptr + offs + 1, mask=valid, other=0)
-    ranks = tl.load(ranks_ptr + offs, mask=valid, other=0)
+    adapters = tl.load(slot_adapters_ptr + offs, mask=valid, other=0)
+    ranks = tl.load(ranks_ptr + adapters, mask=valid, other=0)
     num_tiles = tl.where(ranks > 0, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
     tiles_end = tl.cumsum(num_tiles, 0)  # inclusive: slot s owns tiles [end - n, end)
     slot = tl.sum((tiles_end <= tile).to(tl.int32), 0)
@@ -61,7 +64,8 @@ def segment_tile(  # type: ignore[no-untyped-def]
     m_start = tl.sum(tl.where(here, first, 0), 0)
     seg_end = tl.sum(tl.where(here, ends, 0), 0)
     rank = tl.sum(tl.where(here, ranks, 0), 0)
-    return slot, m_start, seg_end, rank
+    adapter = tl.sum(tl.where(here, adapters, 0), 0)
+    return adapter, m_start, seg_end, rank
 
 
 @triton.jit
@@ -78,16 +82,33 @@ def segment_token_ids(  # type: ignore[no-untyped-def]
 def check_lora_mapping(
     op: str,
     num_tokens: int,
-    max_loras: int,
     num_slices: int,
+    page_table: torch.Tensor,
+    first_page: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    slot_adapters: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
-    lora_ranks: torch.Tensor,
 ) -> None:
-    """Raise ValueError (prefixed with `op`) unless the mapping fits the launch's shapes."""
+    """Raise ValueError (prefixed with `op`) unless the adapter tables and the batch mapping
+    fit the launch's shapes."""
+    check(op, page_table.dim() == 2, "page_table must be [num_adapters, max_pages]")
+    num_adapters = page_table.shape[0]
+    shape = (num_slices, num_adapters)
+    check(op, first_page.shape == shape, f"first_page must be {list(shape)}")
+    check(op, lora_ranks.shape == shape, f"lora_ranks must be {list(shape)}")
+    num_slots = slot_adapters.shape[0]
     check(op, sorted_token_ids.shape == (num_tokens,), "sorted_token_ids must be [num_tokens]")
-    check(op, slot_start_loc.shape == (max_loras + 1,), "slot_start_loc must be [max_loras + 1]")
-    check(op, lora_ranks.shape == (num_slices, max_loras), "lora_ranks must be [slices, loras]")
-    for name, t in (("sorted_token_ids", sorted_token_ids), ("slot_start_loc", slot_start_loc)):
+    check(op, slot_start_loc.shape == (num_slots + 1,), "slot_start_loc must be [num_slots + 1]")
+    for name, t in (
+        ("sorted_token_ids", sorted_token_ids),
+        ("slot_start_loc", slot_start_loc),
+        ("slot_adapters", slot_adapters),
+    ):
         check(op, t.dtype == torch.int32 and t.is_contiguous(), f"{name} must be contiguous int32")
-    check(op, lora_ranks.dtype == torch.int32 and lora_ranks.stride(1) == 1, "lora_ranks: int32")
+    for name, t in (
+        ("page_table", page_table),
+        ("first_page", first_page),
+        ("lora_ranks", lora_ranks),
+    ):
+        check(op, t.dtype == torch.int32 and t.stride(1) == 1, f"{name} must be int32 rows")

@@ -1,31 +1,38 @@
-"""Multi-slice, split-K multi-LoRA shrink (x @ A.T per adapter segment) in Triton: Punica SGMV.
+"""Multi-slice, split-K multi-LoRA shrink (x @ A.T per adapter segment) in Triton: Punica SGMV
+over S-LoRA's paged weights.
 
 Method: Punica's segmented gather matrix multiplication (Chen et al., 2023, "Punica: Multi-Tenant
 LoRA Serving"), with the slices of a fused projection (q/k/v, gate/up) in one launch as vLLM's
-`lora_shrink` does. A program owns one (segment tile, in_dim chunk, rank tile, slice): it gathers
-its token rows of `x` through `sorted_token_ids` (no copy of x), multiplies them by its slot's
-slice of `lora_a` over its chunk of in_dim and adds the partial product into `out` (split-K):
+`lora_shrink` does, reading each adapter's A from its pages in the KV cache's memory (S-LoRA,
+Sheng et al., 2023; the layout is `kernels/reference/lora.py`'s). A program owns one (segment
+tile, in_dim chunk, rank tile, slice): it gathers its token rows of `x` through
+`sorted_token_ids` (no copy of x), multiplies them by its adapter's A over its chunk of in_dim
+and adds the partial product into `out` (split-K):
 
     grid = (num_segment_tiles, cdiv(in_dim, K_CHUNK) * cdiv(max_rank, BLOCK_N), num_slices)
     program_id(1) = k_chunk * num_rank_tiles + rank_tile
 
-Segment tiles (`lora_segments.py`) cover the segments of slots with a rank for the program's
-slice, within a bound that depends on shapes only (CUDA-graph friendly). Programs past the last
-tile, or whose rank tile starts at or past their slot's rank, return at once. BLOCK_N is
-max_rank rounded up to a power of two, capped per tile row (`max_block_n`); columns past a slot's
-rank are masked (never read).
+Segment tiles (`lora_segments.py`) cover the segments of slots whose adapter has a rank for the
+program's slice, within a bound that depends on shapes only (CUDA-graph friendly). Programs past
+the last tile, or whose rank tile starts at or past their adapter's rank, return at once.
+BLOCK_N is max_rank rounded up to a power of two, capped per tile row (`max_block_n`); rows of A
+past the adapter's rank are masked (never read).
 
-Split-K: at decode a slot owns a few tokens, so without it only `max_loras` programs per slice
-would be busy, each walking all of in_dim (4096..14336) serially. With chunks of K_CHUNK, every
-(slot, slice) gets cdiv(in_dim, K_CHUNK) programs, whose partial products are added atomically.
-The launcher zeroes `out` first (a memset) unless told that `out` is already zero
-(`zero_out=False`: one buffer zeroed once for many launches); the kernel then always adds.
+Paged rows (`lora_pages.py`): a row of A (in_dim elements) lies whole in one page when it fits
+one, so each rank row of the tile finds its page once and the k loop walks contiguous memory, as
+with a dense A; rows longer than a page (SPLIT_ROWS) find their page per element.
+
+Split-K: at decode a slot owns a few tokens, so without it only a few programs per slice would be
+busy, each walking all of in_dim (4096..14336) serially. With chunks of K_CHUNK, every (slot,
+slice) gets cdiv(in_dim, K_CHUNK) programs, whose partial products are added atomically. The
+launcher zeroes `out` first (a memset) unless told that `out` is already zero (`zero_out=False`:
+one buffer zeroed once for many launches); the kernel then always adds.
 
 Tiles (`SHRINK_TILES`, keyed by the number of tokens of the launch):
 - decode (<= 64 tokens): segments of a few tokens, so BLOCK_M = 16 (tl.dot's minimum), and
   short chunks of in_dim so that a handful of adapters already give several programs per SM.
-  Rank tiles of 16: with storage padded to a larger max_lora_rank, a rank-16 adapter costs one
-  program per chunk, and registers and shared memory stay those of a 16-column tile.
+  Rank tiles of 16: a rank-16 adapter costs one program per chunk whatever max_lora_rank is,
+  and registers and shared memory stay those of a 16-column tile.
 - mid (<= 512): segments of tens of tokens: BLOCK_M = 32, longer chunks.
 - prefill: BLOCK_M = 64 and long chunks (thousands of tokens fill the GPU already; split-K only
   bounds the serial loop). BLOCK_K = 64 keeps 3 pipeline stages of fp32 tiles at rank 64 under
@@ -35,7 +42,7 @@ Tiles (`SHRINK_TILES`, keyed by the number of tokens of the launch):
 Numerics: products accumulate in float32; `out` is float32 (the expand reads an unrounded
 intermediate). Split-K makes the order of the fp32 additions, hence the last bits of `out`,
 vary between runs (as in vLLM). With `zero_out`, rows of `out` of tokens outside every segment,
-and columns past a slot's rank, are 0; without it they are left as they were.
+and columns past an adapter's rank, are 0; without it they are left as they were.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.triton.launch_checks import check, check_one_device
+from loraplex.kernels.triton.lora_pages import page_rows, split_row_ptrs
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
     rank_block,
@@ -91,73 +99,45 @@ SHRINK_TILES: Final = TileTable(
 
 
 @triton.jit
-def shrink_tile(  # type: ignore[no-untyped-def]
-    x_ptr,
-    a_ptr,  # lora_a[slot, slice]: [max_rank, in_dim]
-    token_ids,  # [BLOCK_M] int64
-    mask_m,
-    offs_n,  # [BLOCK_N] rank columns
-    mask_n,
-    k_start,
-    num_k_steps,
-    in_dim,
-    stride_xm,
-    stride_an,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """fp32 [BLOCK_M, BLOCK_N]: x[token_ids, k] @ A[offs_n, k].T over k in
-    [k_start, k_start + num_k_steps * BLOCK_K) (masked past in_dim)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + token_ids[:, None] * stride_xm + (k_start + offs_k)[None, :]
-    a_ptrs = a_ptr + offs_n[None, :] * stride_an + (k_start + offs_k)[:, None]  # A read transposed
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(num_k_steps):
-        mask_k = offs_k < in_dim - k_start - step * BLOCK_K
-        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        a = tl.load(a_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(x, a, acc, input_precision=DOT_PRECISION)
-        x_ptrs += BLOCK_K
-        a_ptrs += BLOCK_K
-    return acc
-
-
-@triton.jit
 def _lora_shrink_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
-    lora_a_ptr,
-    out_ptr,
+    pages_ptr,
+    page_table_ptr,
+    first_page_ptr,
+    lora_ranks_ptr,
+    slot_adapters_ptr,
     sorted_token_ids_ptr,
     slot_start_loc_ptr,
-    lora_ranks_ptr,
+    out_ptr,
     in_dim,
-    max_loras,
+    page_size,
+    num_slots,
     num_rank_tiles,
     stride_xm,
-    stride_al,
-    stride_as,
-    stride_an,
+    stride_pp,
+    stride_pt,
+    stride_fs,
+    stride_rs,
     stride_os,
     stride_om,
-    stride_rs,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     K_CHUNK: tl.constexpr,
     SLOTS: tl.constexpr,
+    SPLIT_ROWS: tl.constexpr,  # in_dim > page_size: a row of A spans pages
     USE_ATOMIC: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pid_k = tl.program_id(1) // num_rank_tiles
     n_start = (tl.program_id(1) % num_rank_tiles) * BLOCK_N
     slice_id = tl.program_id(2)
-    slot, m_start, seg_end, rank = segment_tile(
+    adapter, m_start, seg_end, rank = segment_tile(
         tl.program_id(0),
         slot_start_loc_ptr,
+        slot_adapters_ptr,
         lora_ranks_ptr + slice_id * stride_rs,
-        max_loras,
+        num_slots,
         BLOCK_M,
         SLOTS,
     )
@@ -165,26 +145,33 @@ def _lora_shrink_kernel(  # type: ignore[no-untyped-def]
         return  # also covers rank == 0
 
     token_ids, mask_m = segment_token_ids(sorted_token_ids_ptr, m_start, seg_end, BLOCK_M)
-    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_n = n_start + tl.arange(0, BLOCK_N)  # rows of A (the rank)
     mask_n = offs_n < rank
-    a_ptr = lora_a_ptr + slot.to(tl.int64) * stride_al + slice_id.to(tl.int64) * stride_as
-    acc = shrink_tile(
-        x_ptr,
-        a_ptr,
-        token_ids,
-        mask_m,
-        offs_n,
-        mask_n,
-        pid_k * K_CHUNK,
-        K_CHUNK // BLOCK_K,
-        in_dim,
-        stride_xm,
-        stride_an,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-        DOT_PRECISION,
-    )
+    first = tl.load(first_page_ptr + slice_id * stride_fs + adapter)
+    adapter_pages = page_table_ptr + adapter.to(tl.int64) * stride_pt
+    offs_k = tl.arange(0, BLOCK_K)
+    k_start = pid_k * K_CHUNK
+    x_ptrs = x_ptr + token_ids[:, None] * stride_xm + (k_start + offs_k)[None, :]
+    if SPLIT_ROWS:
+        row_base = tl.zeros((BLOCK_N,), dtype=tl.int64)  # unused: pages found per element
+    else:
+        row_base = page_rows(adapter_pages, first, offs_n, mask_n, in_dim, page_size, stride_pp)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(K_CHUNK // BLOCK_K):
+        k = k_start + step * BLOCK_K + offs_k  # [BLOCK_K] columns of A
+        mask_k = k < in_dim
+        x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        mask_a = mask_k[:, None] & mask_n[None, :]
+        if SPLIT_ROWS:  # A read transposed: [BLOCK_K, BLOCK_N]
+            a_ptrs = split_row_ptrs(
+                pages_ptr, adapter_pages, first, offs_n[None, :], k[:, None], mask_a, in_dim,
+                page_size, stride_pp,
+            )  # fmt: skip
+        else:
+            a_ptrs = pages_ptr + row_base[None, :] + k[:, None]
+        a = tl.load(a_ptrs, mask=mask_a, other=0.0)
+        acc = tl.dot(x, a, acc, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K
     out_ptrs = out_ptr + slice_id * stride_os + token_ids[:, None] * stride_om + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     if USE_ATOMIC:
@@ -195,59 +182,67 @@ def _lora_shrink_kernel(  # type: ignore[no-untyped-def]
 
 def _check_args(
     x: torch.Tensor,
-    lora_a: torch.Tensor,
+    pages: torch.Tensor,
+    page_table: torch.Tensor,
+    first_page: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    slot_adapters: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
-    lora_ranks: torch.Tensor,
     out: torch.Tensor,
 ) -> None:
-    check(OP, x.dim() == 2 and lora_a.dim() == 4, "x must be 2-D and lora_a 4-D")
-    num_tokens, in_dim = x.shape
-    max_loras, num_slices, max_rank, a_in_dim = lora_a.shape
-    check(OP, a_in_dim == in_dim, f"lora_a in_dim {a_in_dim} != x in_dim {in_dim}")
-    check(OP, x.dtype == lora_a.dtype, f"x dtype {x.dtype} != lora_a dtype {lora_a.dtype}")
+    check(OP, x.dim() == 2 and pages.dim() == 2 and out.dim() == 3, "bad tensor ranks")
+    num_tokens = x.shape[0]
+    num_slices = out.shape[0]
+    check(OP, x.dtype == pages.dtype, f"x dtype {x.dtype} != pages dtype {pages.dtype}")
     check(OP, x.dtype in (torch.float16, torch.bfloat16, torch.float32), f"bad dtype {x.dtype}")
-    out_shape = (num_slices, num_tokens, max_rank)
-    check(OP, out.shape == out_shape, f"out must be {out_shape}")
+    check(OP, out.shape[1] == num_tokens, "out must be [num_slices, num_tokens, max_rank]")
     check(OP, out.dtype == torch.float32, "out dtype must be float32 (split-K adds atomically)")
-    mapping = (sorted_token_ids, slot_start_loc, lora_ranks)
-    check_lora_mapping(OP, num_tokens, max_loras, num_slices, *mapping)
+    mapping = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    check_lora_mapping(OP, num_tokens, num_slices, *mapping)
     check(OP, x.stride(1) == 1 and out.stride(2) == 1, "x and out need contiguous rows")
-    check(OP, lora_a.stride(3) == 1, "lora_a needs a contiguous last dim")
-    check_one_device(OP, x, lora_a, out, *mapping)
+    check(OP, pages.stride(1) == 1, "pages need contiguous rows")
+    check_one_device(OP, x, pages, out, *mapping)
 
 
 def lora_shrink(
     x: torch.Tensor,  # [num_tokens, in_dim]
-    lora_a: torch.Tensor,  # [max_loras, num_slices, max_rank, in_dim]
+    pages: torch.Tensor,  # [num_pages, page_size]
+    page_table: torch.Tensor,  # [num_adapters, max_pages] int32
+    first_page: torch.Tensor,  # [num_slices, num_adapters] int32: first page of A_i
+    lora_ranks: torch.Tensor,  # [num_slices, num_adapters] int32
+    slot_adapters: torch.Tensor,  # [num_slots] int32
     sorted_token_ids: torch.Tensor,  # [num_tokens] int32
-    slot_start_loc: torch.Tensor,  # [max_loras + 1] int32
-    lora_ranks: torch.Tensor,  # [num_slices, max_loras] int32
+    slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
     out: torch.Tensor,  # [num_slices, num_tokens, max_rank] float32
     zero_out: bool = True,
 ) -> None:
-    """Zero `out` (unless `zero_out` is False), then out[i, t, :r] += x[t] @ lora_a[s, i, :r].T
-    for every slice i and token t of slot s, where r = lora_ranks[i, s]. One launch for all
-    slices, with SHRINK_TILES' row for the number of tokens."""
+    """Zero `out` (unless `zero_out` is False), then out[i, t, :r] += x[t] @ A_i[:r].T for every
+    slice i and token t of an adapter's segment. One launch for all slices, with SHRINK_TILES'
+    row for the number of tokens."""
     tiles = SHRINK_TILES.lookup(x.shape[0])
-    mapping = (sorted_token_ids, slot_start_loc, lora_ranks)
-    launch_lora_shrink(x, lora_a, *mapping, out, zero_out, tiles)
+    tables = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    launch_lora_shrink(x, pages, *tables, out, zero_out, tiles)
 
 
 def launch_lora_shrink(
     x: torch.Tensor,
-    lora_a: torch.Tensor,
+    pages: torch.Tensor,
+    page_table: torch.Tensor,
+    first_page: torch.Tensor,
+    lora_ranks: torch.Tensor,
+    slot_adapters: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
-    lora_ranks: torch.Tensor,
     out: torch.Tensor,
     zero_out: bool,
     tiles: ShrinkTiles,
 ) -> None:
     """`lora_shrink` with the given tiles instead of the table's."""
-    _check_args(x, lora_a, sorted_token_ids, slot_start_loc, lora_ranks, out)
+    tables = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    _check_args(x, pages, *tables, out)
     num_tokens, in_dim = x.shape
-    max_loras, num_slices, max_rank, _ = lora_a.shape
+    num_slices, _, max_rank = out.shape
     if zero_out:
         out.zero_()
     if num_tokens == 0 or max_rank == 0 or num_slices == 0 or in_dim == 0:
@@ -258,30 +253,37 @@ def launch_lora_shrink(
     split_k = triton.cdiv(in_dim, k_chunk)
     block_n = rank_block(max_rank, tiles.max_block_n)
     num_rank_tiles = triton.cdiv(max_rank, block_n)
-    num_tiles, slots = segment_grid(num_tokens, max_loras, tiles.block_m)
+    num_slots = slot_adapters.shape[0]
+    num_tiles, slots = segment_grid(num_tokens, num_slots, tiles.block_m)
     grid = (num_tiles, split_k * num_rank_tiles, num_slices)
+    page_size = pages.shape[1]
     _lora_shrink_kernel[grid](
         x,
-        lora_a,
-        out,
+        pages,
+        page_table,
+        first_page,
+        lora_ranks,
+        slot_adapters,
         sorted_token_ids,
         slot_start_loc,
-        lora_ranks,
+        out,
         in_dim,
-        max_loras,
+        page_size,
+        num_slots,
         num_rank_tiles,
         x.stride(0),
-        lora_a.stride(0),
-        lora_a.stride(1),
-        lora_a.stride(2),
+        pages.stride(0),
+        page_table.stride(0),
+        first_page.stride(0),
+        lora_ranks.stride(0),
         out.stride(0),
         out.stride(1),
-        lora_ranks.stride(0),
         BLOCK_M=tiles.block_m,
         BLOCK_N=block_n,
         BLOCK_K=tiles.block_k,
         K_CHUNK=k_chunk,
         SLOTS=slots,
+        SPLIT_ROWS=in_dim > page_size,
         USE_ATOMIC=split_k > 1 or not zero_out,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
