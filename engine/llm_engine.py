@@ -281,7 +281,11 @@ class LLMEngine:
             num_generated_tokens=self.num_generated_tokens,
             num_steps=self.num_steps,
             throughput_tokens_per_s=self._throughput.rate(),
-            lora=self.lora_manager.get_stats() if self.lora_manager else LoRAStats(),
+            lora=replace(
+                self.lora_manager.get_stats() if self.lora_manager else LoRAStats(),
+                num_adapter_waits=scheduler.num_adapter_waits,
+                adapter_wait_seconds=scheduler.adapter_wait_seconds,
+            ),
         )
 
 

@@ -41,6 +41,10 @@ class LoRAStats:
     num_cpu_loads: int = 0  # reads from disk into the CPU cache
     num_cpu_evictions: int = 0
     num_load_failures: int = 0
+    # Requests admitted after waiting for their adapter (load, or the per-step cap), and the
+    # time they waited in all (cumulative).
+    num_adapter_waits: int = 0
+    adapter_wait_seconds: float = 0.0
 
     def num_resident(self, tier: AdapterTier) -> int:
         return sum(1 for r in self.resident if r.tier == tier)

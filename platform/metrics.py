@@ -87,7 +87,7 @@ class Metrics:
         self._namespace = namespace
         self._tenant = _BoundedLabel(max_label_values)
         self._adapter = _BoundedLabel(max_label_values)
-        self._last_cumulative: dict[tuple[Counter, str], int] = {}
+        self._last_cumulative: dict[tuple[Counter, str], float] = {}
         self._resident: dict[AdapterTier, set[str]] = {}  # tier -> adapters with a residency series
         ta = ("tenant", "adapter")
 
@@ -142,8 +142,20 @@ class Metrics:
         self.adapter_events = self._metric(
             Counter,
             "adapter_events",
-            "Adapter loads into and evictions from GPU slots.",
+            "Adapter uploads to and evictions from the GPU.",
             ("event",),
+            subsystem="engine",
+        )
+        self.adapter_waits = self._metric(
+            Counter,
+            "adapter_waits",
+            "Requests admitted after waiting for their adapter to reach the GPU.",
+            subsystem="engine",
+        )
+        self.adapter_wait_seconds = self._metric(
+            Counter,
+            "adapter_wait_seconds",
+            "Time requests spent waiting for their adapter to reach the GPU.",
             subsystem="engine",
         )
 
@@ -234,15 +246,26 @@ class Metrics:
         self._advance(self.preemptions, "recompute", stats.num_preemptions_recompute)
         self._advance(self.adapter_events, "load", stats.lora.num_gpu_loads)
         self._advance(self.adapter_events, "evict", stats.lora.num_gpu_evictions)
+        self._advance_total(self.adapter_waits, stats.lora.num_adapter_waits)
+        self._advance_total(self.adapter_wait_seconds, stats.lora.adapter_wait_seconds)
 
-    def _advance(self, counter: Counter, label: str, cumulative: int) -> None:
+    def _advance(self, counter: Counter, label: str, cumulative: float) -> None:
         """Feed an engine's cumulative count into a Prometheus counter by its increase. A
         drop means the engine restarted: its whole new count is the increase."""
-        last = self._last_cumulative.get((counter, label), 0)
-        delta = cumulative - last if cumulative >= last else cumulative
-        self._last_cumulative[(counter, label)] = cumulative
+        delta = self._increase(counter, label, cumulative)
         if delta > 0:
             counter.labels(label).inc(delta)
+
+    def _advance_total(self, counter: Counter, cumulative: float) -> None:
+        """`_advance` for a counter without labels."""
+        delta = self._increase(counter, "", cumulative)
+        if delta > 0:
+            counter.inc(delta)
+
+    def _increase(self, counter: Counter, label: str, cumulative: float) -> float:
+        last = self._last_cumulative.get((counter, label), 0)
+        self._last_cumulative[(counter, label)] = cumulative
+        return cumulative - last if cumulative >= last else cumulative
 
     # -- exposition ----------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ it until running requests drain and its adapter gets in: nobody starves.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -96,6 +97,10 @@ class Scheduler:
         self._finished_request_ids: set[str] = set()
         self.num_swap_preemptions = 0
         self.num_recompute_preemptions = 0
+        # Admissions that had waited for their adapter (or the per-step adapter cap), and how
+        # long those waits took in all.
+        self.num_adapter_waits = 0
+        self.adapter_wait_seconds = 0.0
 
     @property
     def is_priority(self) -> bool:
@@ -175,6 +180,8 @@ class Scheduler:
             if not self._fork_parent_ready(request):
                 continue  # waits for its sibling's prefill, without holding up others
             if not self._adapter_fits(request, running_loras):
+                if request.adapter_wait_start is None:
+                    request.adapter_wait_start = time.monotonic()
                 # Requests behind it go first; a bounded number of steps only, unless its
                 # adapter is on its way (see the module docstring).
                 if self.adapter_gate is None or not self.adapter_gate.is_loading(request):
@@ -273,6 +280,10 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         if self.adapter_gate is not None:
             self.adapter_gate.on_scheduled(request)
+        if request.adapter_wait_start is not None:
+            self.adapter_wait_seconds += time.monotonic() - request.adapter_wait_start
+            self.num_adapter_waits += 1
+            request.adapter_wait_start = None
         self._add_to_step(request, num_new, step)
         return True
 

@@ -245,6 +245,7 @@ def test_requests_whose_adapter_is_not_ready_let_others_go_first():
     gate.ready.add(1)
     out, _ = run_step(s)
     assert [x.request.request_id for x in out.scheduled] == ["cold"] and gate.pins[1] == 1
+    assert s.num_adapter_waits == 1 and s.adapter_wait_seconds > 0
     while s.has_unfinished_requests():
         run_step(s)
     assert gate.pins == {1: 0, 2: 0}

@@ -72,6 +72,8 @@ def test_engine_gauges() -> None:
         ),
         num_gpu_loads=6,
         num_gpu_evictions=2,
+        num_adapter_waits=3,
+        adapter_wait_seconds=0.75,
     )
     stats = EngineStats(
         num_running=4,
@@ -102,6 +104,8 @@ def test_engine_gauges() -> None:
     assert _value(metrics, "loraplex_engine_prefix_cache_hit_rate") == 0.4
     assert _value(metrics, "loraplex_engine_throughput_tokens_per_second") == 512.5
     assert _value(metrics, "loraplex_engine_adapter_events_total", event="load") == 6
+    assert _value(metrics, "loraplex_engine_adapter_waits_total") == 3
+    assert _value(metrics, "loraplex_engine_adapter_wait_seconds_total") == 0.75
 
     # Cumulative counts advance by their increase; a drop means an engine restart.
     stats = replace(
