@@ -50,11 +50,15 @@ for step in $steps; do
             --num-prompts 64 --min-prompt 512 --max-prompt 512 --output-len 128 \
             --hf-batch-size 32 --adapters "${ADAPTERS:-0,1,8}" --repeats "${REPEATS:-3}" --json "$OUT/throughput.json" ${TPUT_ARGS:-} 2>&1 \
             | grep -v Loading | tee "$OUT/throughput.txt";;
+    many) limit ${MANY_TIMEOUT:-540} python3 bench/many_adapters.py --shape llama3-8b \
+            --adapters "${MANY_ADAPTERS:-0,8,64,256,1024}" --rounds "${ROUNDS:-3}" \
+            --json "$OUT/many_adapters.json" ${MANY_ARGS:-} 2>&1 | grep -v Loading \
+            | tee "$OUT/many_adapters.txt";;
     prio) limit 240 python3 bench/priority_latency.py --shape llama3-8b --device cuda \
             --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
             --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
             | tee "$OUT/priority.txt";;
-    *) echo "unknown step $step (env gpu-tests kernels tput prio)" >&2; false;;
+    *) echo "unknown step $step (env gpu-tests kernels tput many prio)" >&2; false;;
   esac
   rc=$?
   echo "=== $step: exit $rc"

@@ -164,7 +164,9 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--adapters", default="", help="adapter counts, e.g. 0,1,8,64")
     ap.add_argument("--lora-rank", type=int, default=16)
-    ap.add_argument("--max-loras", type=int, default=8)
+    ap.add_argument(
+        "--max-loras", type=int, default=None, help="per-step adapter cap (default: none)"
+    )
     ap.add_argument(
         "--repeats",
         type=int,
@@ -230,7 +232,7 @@ def main() -> None:
         enable_lora=max(counts) > 0,
         max_loras=args.max_loras,
         max_lora_rank=max(args.lora_rank, 8),
-        max_cpu_loras=max(max(counts), args.max_loras),
+        max_cpu_loras=max(max(counts), 1),
     )
     workloads: dict[int, list[LoRARequest | None]] = {}
     for count in counts:
@@ -246,13 +248,9 @@ def main() -> None:
             ]
             loras = [reqs[i % count] for i in range(len(prompts))]
         workloads[count] = loras
-    # Rounds interleave the adapter counts that fit the GPU slots (0, 1, 8, 0, 1, 8, ...) so
-    # that a drift of the machine (clocks, other tenants) hits each alike; each count reports
-    # its median. Counts above max_loras run their rounds after: interleaved, they would evict
-    # the others' adapters and turn the next round into a reload benchmark.
-    fitting = [c for c in counts if c <= args.max_loras]
-    order = [c for _ in range(args.repeats) for c in fitting]
-    order += [c for c in counts if c > args.max_loras for _ in range(args.repeats)]
+    # Rounds interleave the adapter counts (0, 1, 8, 0, 1, 8, ...) so that a drift of the
+    # machine (clocks, other tenants) hits each alike; each count reports its median.
+    order = [c for _ in range(args.repeats) for c in counts]
     timings: dict[int, list[float]] = {count: [] for count in counts}
     breakdowns: dict[int, dict] = {}
     for i, count in enumerate(order):

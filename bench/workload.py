@@ -31,6 +31,18 @@ SHAPES = {
         "eos_token_id": 2,
     },
 }
+# A small shape for smoke runs of the benchmarks on the CPU.
+SHAPES["tiny"] = {
+    **SHAPES["llama3-8b"],
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 512,
+    "torch_dtype": "float32",
+}
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

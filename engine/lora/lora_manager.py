@@ -44,7 +44,7 @@ from loraplex.kernels import build_lora_mapping
 logger = logging.getLogger(__name__)
 
 # How many distinct adapters of the waiting queue (from its head) are prefetched each step.
-PREFETCH_DEPTH = 16
+PREFETCH_DEPTH = 64
 
 
 class LoRAManager:

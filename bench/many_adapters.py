@@ -1,0 +1,265 @@
+"""Many adapters: throughput as the number of live adapters grows, and the cost of a cold load.
+
+    python bench/many_adapters.py --shape llama3-8b --adapters 0,8,64,256,1024 --zipf 1.0 \\
+        --ranks 8,16,32,64 --rounds 3 --json out.json
+
+Workload (the same requests in every round; prefix caching off): `--num-prompts` requests of
+`--min-prompt`..`--max-prompt` prompt tokens and `--output-len` output tokens. With N adapters
+the requests pick adapters by Zipf(`--zipf`) popularity over N adapters on q/k/v/o, ranks taken
+in turn from `--ranks`; 0 = the base model. Rounds interleave the adapter counts (0, 8, 64, ...,
+0, 8, ...), each count reports the median of its rounds and its ratio to the 8-adapter run. The
+engine runs with its defaults (no per-step adapter cap, adapters resident as memory allows).
+
+Adapter files: N adapters of Llama-3-8B shape would take tens of GB of disk, so `--files-per-rank`
+distinct PEFT directories per rank back them, each adapter registered under its own content hash
+(as the platform registers uploads): to the engine every adapter is a different one (its own
+pages, loads and evictions); only the weight values repeat.
+
+Then, with the engine otherwise idle, the added time to first token of a request whose adapter
+(rank 16 on all 7 projections: 84 MB in bf16 at Llama-3-8B shape) was never seen (read from disk)
+and of one whose adapter waits in the CPU cache, against one whose adapter is resident; and the
+step-time jitter of a running decode batch while a new adapter loads (steps during the load vs
+the median step before it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from workload import synthetic_prompts, write_random_adapter, write_shape_checkpoint
+
+from loraplex.engine import LLM, LoRARequest, SamplingParams
+from loraplex.engine.llm_engine import LLMEngine
+
+QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def zipf_choices(num_requests: int, num_adapters: int, s: float, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    weights = [1.0 / (i + 1) ** s for i in range(num_adapters)]
+    return rng.choices(range(num_adapters), weights=weights, k=num_requests)
+
+
+def fake_hash(tag: str) -> str:
+    return hashlib.sha256(tag.encode()).hexdigest()
+
+
+def make_adapters(
+    count: int, ranks: list[int], files: dict[int, list[Path]], tag: str, first_id: int
+) -> list[LoRARequest]:
+    """`count` distinct adapters (own ids and content hashes) over the shared files."""
+    out = []
+    for i in range(count):
+        rank = ranks[i % len(ranks)]
+        path = files[rank][(i // len(ranks)) % len(files[rank])]
+        out.append(LoRARequest(f"{tag}-{i}", first_id + i, str(path), fake_hash(f"{tag}-{i}")))
+    return out
+
+
+def run_round(
+    llm: LLM, prompts: list[list[int]], loras: list[LoRARequest | None], output_len: int
+) -> float:
+    params = SamplingParams(
+        max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False
+    )
+    sync()
+    start = time.perf_counter()
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, lora_request=loras, use_tqdm=False
+    )
+    sync()
+    assert all(len(o.outputs[0].token_ids) == output_len for o in outs)
+    return time.perf_counter() - start
+
+
+def time_to_first_token(engine: LLMEngine, lora: LoRARequest | None, prompt: list[int]) -> float:
+    """Seconds from add to the first token, the engine otherwise idle."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+    request_id = f"ttft-{time.perf_counter_ns()}"
+    sync()
+    start = time.perf_counter()
+    engine.add_request(request_id, {"prompt_token_ids": prompt}, params, lora_request=lora)
+    while engine.has_unfinished_requests():
+        if any(o.outputs[0].token_ids for o in engine.step()):
+            break
+    elapsed = time.perf_counter() - start
+    while engine.has_unfinished_requests():
+        engine.step()
+    return elapsed
+
+
+def cold_load(engine: LLMEngine, big: list[LoRARequest], prompt: list[int]) -> dict:
+    """Added TTFT of a never-seen adapter (disk) and of one in the CPU cache only."""
+    resident, from_disk, from_cpu = big
+    time_to_first_token(engine, resident, prompt)  # now resident
+    base = statistics.median(time_to_first_token(engine, resident, prompt) for _ in range(5))
+    disk = time_to_first_token(engine, from_disk, prompt)
+    manager = engine.lora_manager
+    assert manager is not None
+    manager.add_lora(from_cpu)  # read into the CPU cache now, not uploaded
+    cpu = time_to_first_token(engine, from_cpu, prompt)
+    return {
+        "ttft_resident_ms": 1000 * base,
+        "added_ttft_from_disk_ms": 1000 * (disk - base),
+        "added_ttft_from_cpu_cache_ms": 1000 * (cpu - base),
+    }
+
+
+def load_jitter(engine: LLMEngine, resident: LoRARequest, new: LoRARequest, prompts) -> dict:
+    """Step times of a decode batch (64 requests, resident adapter) before and while a
+    never-seen adapter loads for one more request."""
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True, detokenize=False)
+    for i in range(64):
+        prompt = prompts[i % len(prompts)]
+        engine.add_request(f"jit{i}", {"prompt_token_ids": prompt}, params, lora_request=resident)
+    for _ in range(8):  # through the prefills
+        engine.step()
+    steps_before, steps_during = [], []
+    manager = engine.lora_manager
+    assert manager is not None
+    for step in range(120):
+        if step == 40:
+            engine.add_request("jit-new", {"prompt_token_ids": prompts[-1]}, params, new)
+        sync()
+        start = time.perf_counter()
+        engine.step()
+        sync()
+        elapsed = time.perf_counter() - start
+        loading = step >= 40 and not any(
+            r.request_id == "jit-new" for r in engine.scheduler.running
+        )
+        (steps_during if loading else steps_before if step < 40 else []).append(elapsed)
+    while engine.has_unfinished_requests():
+        engine.step()
+    median = statistics.median(steps_before)
+    return {
+        "decode_step_median_ms": 1000 * median,
+        "steps_while_loading": len(steps_during),
+        "max_step_delay_while_loading_ms": 1000 * (max(steps_during, default=median) - median),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--shape", default="llama3-8b", choices=["llama3-8b", "tiny"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--num-prompts", type=int, default=512)
+    ap.add_argument("--min-prompt", type=int, default=256)
+    ap.add_argument("--max-prompt", type=int, default=768)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--adapters", default="0,8,64,256,1024")
+    ap.add_argument("--zipf", type=float, default=1.0)
+    ap.add_argument("--ranks", default="8,16,32,64")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--files-per-rank", type=int, default=4)
+    ap.add_argument("--skip-cold", action="store_true", help="throughput rounds only")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="loraplex-many-"))
+    model_dir = write_shape_checkpoint(args.shape, tmp / args.shape)
+    config = json.loads((model_dir / "config.json").read_text())
+    ranks = [int(r) for r in args.ranks.split(",")]
+    counts = [int(c) for c in args.adapters.split(",")]
+    files = {
+        rank: [
+            write_random_adapter(
+                tmp / f"r{rank}-{j}", config, rank, seed=100 * rank + j, modules=QKVO
+            )
+            for j in range(args.files_per_rank)
+        ]
+        for rank in ranks
+    }
+    prompts = synthetic_prompts(
+        args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"]
+    )
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    llm = LLM(
+        str(model_dir),
+        load_format="dummy",
+        dtype=dtype,
+        device=args.device,
+        enable_prefix_caching=False,
+    )
+    workloads: dict[int, list[LoRARequest | None]] = {}
+    next_id = 1
+    for count in counts:
+        adapters = make_adapters(count, ranks, files, f"n{count}", next_id)
+        next_id += count
+        picks = zipf_choices(len(prompts), max(count, 1), args.zipf, seed=count)
+        workloads[count] = [adapters[p] if count else None for p in picks]
+    results: dict = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "args": vars(args),
+        "distinct_adapters_used": {c: len({id(x) for x in w if x}) for c, w in workloads.items()},
+        "runs": {},
+    }
+    num_out = args.num_prompts * args.output_len
+    # Warm-up: compiles every kernel shape once (the base model and one adapter round).
+    run_round(llm, prompts[:64], workloads[counts[-1]][:64], args.output_len)
+    timings: dict[int, list[float]] = {c: [] for c in counts}
+    for round_index in range(args.rounds):
+        for count in counts:
+            seconds = run_round(llm, prompts, workloads[count], args.output_len)
+            timings[count].append(seconds)
+            print(
+                f"round {round_index}: {count:5d} adapters {num_out / seconds:9.1f} tok/s",
+                flush=True,
+            )
+    reference = statistics.median(timings[8]) if 8 in timings else None
+    for count in counts:
+        seconds = statistics.median(timings[count])
+        run = {
+            "output_tok_s": num_out / seconds,
+            "seconds_each_round": timings[count],
+            "ratio_to_8_adapters": reference / seconds if reference else None,
+        }
+        results["runs"][str(count)] = run
+        ratio = f", {run['ratio_to_8_adapters']:.3f}x the 8-adapter run" if reference else ""
+        print(f"{count:5d} adapters: {run['output_tok_s']:9.1f} output tok/s{ratio}", flush=True)
+
+    if not args.skip_cold:
+        engine = llm.engine
+        big_files = [
+            write_random_adapter(tmp / f"big{j}", config, 16, seed=7000 + j, modules=ALL)
+            for j in range(3)
+        ]
+        size_mb = sum(p.stat().st_size for p in big_files[0].iterdir()) / 1e6
+        big = [
+            LoRARequest(f"big{j}", 900_000 + j, str(p), fake_hash(f"big{j}"))
+            for j, p in enumerate(big_files)
+        ]
+        cold = cold_load(engine, big, prompts[0][:256])
+        cold["adapter_mb"] = size_mb
+        results["cold_load"] = cold
+        print(json.dumps(cold, indent=1), flush=True)
+        new_file = write_random_adapter(tmp / "jitter", config, 16, seed=9999, modules=ALL)
+        jitter = load_jitter(
+            engine, big[0], LoRARequest("jitter", 900_100, str(new_file), fake_hash("j")), prompts
+        )
+        results["load_jitter"] = jitter
+        print(json.dumps(jitter, indent=1), flush=True)
+    results["engine_stats"] = dataclasses.asdict(llm.engine.get_stats())
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
