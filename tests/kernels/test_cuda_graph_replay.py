@@ -9,6 +9,7 @@ eagerly on the new inputs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from types import ModuleType
 from typing import TypeVar
 
@@ -16,7 +17,6 @@ import pytest
 import torch
 
 from loraplex.kernels import reference
-from loraplex.kernels.lora_mapping import build_lora_mapping
 from tests.kernels.fused_op_inputs import FUSED_OPS, fused_op_call, fused_op_inputs
 from tests.kernels.llama3_shapes import (
     BLOCK_SIZE,
@@ -29,12 +29,13 @@ from tests.kernels.llama3_shapes import (
     SHRINK,
     assert_close,
 )
-from tests.kernels.lora_inputs import NAN, make_inputs
+from tests.kernels.lora_inputs import NAN, LoRACase, copy_inputs, make_inputs
 from tests.kernels.paged_inputs import make_paged_batch
 
 pytestmark = pytest.mark.gpu
 
 CUDA = torch.device("cuda")
+PAGE_SIZE = 2 * BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM  # a KV block of every head: 32768
 R = TypeVar("R")
 
 
@@ -49,41 +50,57 @@ def capture(fn: Callable[[], R]) -> tuple[torch.cuda.CUDAGraph, R]:
 
 
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
-def test_lora_shrink_then_expand_replay_with_new_mapping_and_ranks(
+def test_lora_shrink_then_expand_replay_with_new_adapters_and_mapping(
     triton_kernels: ModuleType, dtype: torch.dtype
 ) -> None:
-    """qkv at a 64-token decode step, 8 adapter slots of rank <= 16 in storage of rank 64."""
+    """qkv at a 64-token decode step, 8 batch slots of rank <= 16, the shrink output 64 wide.
+    After capture every input changes in place: other adapters in other pages (ranks, page
+    tables, first pages, scalings), the slots mapped to other adapter rows (two of them unused
+    at capture), another token -> slot mapping, another x."""
     in_dim, sizes = LORA_GROUPS["qkv"]
-    ranks = [[16, 16, 8, 0] * 2, [16, 16, 0, 0] * 2, [16, 16, 8, 0] * 2]
-    inputs = make_inputs(ranks, [10, 10, 10, 0] * 2, 4, 64, sizes, dtype, CUDA, in_dim=in_dim)
-    ids, loc, lora_ranks = inputs.mapping
+    captured = LoRACase(
+        ranks=((16, 16, 8, 0) * 2, (16, 16, 0, 0) * 2, (16, 16, 8, 0) * 2),
+        tokens_per_slot=(10, 10, 10, 0) * 2,
+        num_plain=4,
+        max_rank=64,
+        slice_sizes=sizes,
+        page_size=PAGE_SIZE,
+        in_dim=in_dim,
+        slot_adapters=(9, 8, 7, 6, 5, 4, 3, 2),
+    )
+    replayed = replace(
+        captured,
+        ranks=(
+            (4, 16, 8, 16, 0, 16, 8, 16),
+            (16, 8, 0, 4, 16, 16, 8, 0),
+            (16, 16, 8, 0, 4, 16, 0, 16),
+        ),
+        tokens_per_slot=(8, 8, 8, 8, 8, 8, 8, 0),
+        num_plain=8,
+        slot_adapters=(0, 1, 4, 3, 2, 9, 8, 7),
+    )
+    # One pool and page-table size for both (a rank-16 qkv adapter takes 10 pages of 32768).
+    pool = {"num_pages": 96, "max_pages": 16}
+    inputs = make_inputs(captured, dtype, CUDA, **pool)
     shrunk = torch.zeros(inputs.shape, device=CUDA)
     y = torch.zeros(inputs.x.shape[0], sum(sizes), device=CUDA, dtype=dtype)
 
     def lora_step() -> None:
-        triton_kernels.lora_shrink(inputs.x, inputs.lora_a, ids, loc, lora_ranks, shrunk)
-        args = (ids, loc, lora_ranks, inputs.scalings, y, 0, sizes)
-        triton_kernels.lora_expand(shrunk, inputs.lora_b, *args)
+        triton_kernels.lora_shrink(inputs.x, *inputs.shrink_tables, shrunk)
+        triton_kernels.lora_expand(shrunk, *inputs.expand_tables, y, 0, sizes)
 
     graph, _ = capture(lora_step)
-    # Other segments (slots 0..6 and no adapter, cycling), lower ranks: same shapes.
-    token_slots = torch.arange(inputs.x.shape[0], device=CUDA) % 8 - 1
-    new_ids, new_loc = build_lora_mapping(token_slots, 8)
-    ids.copy_(new_ids)
-    loc.copy_(new_loc)
-    lora_ranks[0, 1] = 4
-    lora_ranks[2, 0] = 0
+    copy_inputs(inputs, make_inputs(replayed, dtype, CUDA, **pool))
     shrunk.fill_(NAN)  # the captured memset must zero it again
     y.copy_(torch.randn_like(y))
     y_before = y.clone()
     graph.replay()
 
     expected_shrunk = torch.zeros_like(shrunk)
-    reference.lora_shrink(inputs.x, inputs.lora_a, ids, loc, lora_ranks, expected_shrunk)
+    reference.lora_shrink(inputs.x, *inputs.shrink_tables, expected_shrunk)
     assert_close(shrunk, expected_shrunk, SHRINK[dtype])
     expected_y = y_before
-    args = (ids, loc, lora_ranks, inputs.scalings, expected_y, 0, sizes)
-    reference.lora_expand(expected_shrunk, inputs.lora_b, *args)
+    reference.lora_expand(expected_shrunk, *inputs.expand_tables, expected_y, 0, sizes)
     assert_close(y, expected_y, ROUNDED[dtype])
 
 
