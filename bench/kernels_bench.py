@@ -8,10 +8,11 @@ it times against the reference first. Run from the repo root with `loraplex` ins
 1. Paged attention: decode (batch 32 and 64, context 640; GB/s of KV read) and prefill (4 x 512).
 2. Fused decoder ops, Triton vs the reference: eager, and per call in a CUDA graph of 20 calls,
    at T = 64 (decode) and 4096 (a prefill chunk); the decode-step total over 32 layers.
-3. LoRA as the engine runs it: 32-layer LoRASlots (8 adapters x rank 16 on all 7 modules;
-   storage max_lora_rank 16 and 64) driven through LoRABatch (begin, base GEMM, finish; o_proj's
-   and down_proj's deltas into the residual stream), as CUDA graphs of all 32 layers. Per layer:
-   'lora' = the LoRA launches alone, 'step' = (base GEMMs + LoRA) - base GEMMs.
+3. LoRA as the engine runs it: 8 adapters x rank 16 on all 7 modules of 32 layers, resident in
+   an AdapterPool (bench/lora_step.py: pages of the KV cache's block size), driven through
+   LoRABatch (begin, base GEMM, finish; o_proj's and down_proj's deltas into the residual
+   stream) as CUDA graphs of all 32 layers, with a shrink output (max_lora_rank) 16 and 64 wide.
+   Per layer: 'lora' = the LoRA launches alone, 'step' = (base GEMMs + LoRA) - base GEMMs.
 4. `--tiles`: candidate tiles, passed explicitly to launch_lora_shrink / launch_lora_expand, each
    kernel alone over a layer's 4 slice groups at T = 64 (decode row) and 4096 (prefill row).
 
@@ -33,9 +34,17 @@ from typing import Any
 import torch
 import triton
 from kernel_timing import bench_us, graph_us
-from lora_step import LLAMA3_8B, NUM_LAYERS, LoRAStep, create_base_weights, create_lora_slots
+from lora_step import (
+    LLAMA3_8B,
+    NUM_LAYERS,
+    LoRAStep,
+    create_adapter_pool,
+    create_base_weights,
+)
 from lora_tile_candidates import time_tile_candidates
 
+from loraplex.engine.lora.adapter_pool import AdapterPool
+from loraplex.engine.lora.lora_batch import LoRAWorkspace
 from loraplex.engine.model.hf_config import RopeConfig
 from loraplex.engine.model.rotary import RotaryEmbedding
 from loraplex.kernels import triton as triton_kernels
@@ -47,7 +56,8 @@ HIDDEN, INTERMEDIATE = LLAMA3_8B.hidden_size, LLAMA3_8B.intermediate_size
 NUM_HEADS, NUM_KV_HEADS = LLAMA3_8B.num_attention_heads, LLAMA3_8B.num_key_value_heads
 HEAD_DIM, BLOCK_SIZE = LLAMA3_8B.head_dim, 16
 LORA_TOKENS = (32, 64, 256, 2048)
-STORAGE_RANKS = (16, 64)  # max_lora_rank: offline_throughput.py's, the engine's default
+# max_lora_rank, the shrink output's width: offline_throughput.py's, the engine's default.
+MAX_LORA_RANKS = (16, 64)
 GRAPH_REPEATS = 20
 
 
@@ -141,20 +151,20 @@ def time_fused_ops(tk: Any) -> dict[str, Any]:
     return {"rows": rows, "decode_step_ms": step_ms}
 
 
-def time_lora() -> dict[str, Any]:
+def time_lora(pool: AdapterPool) -> dict[str, Any]:
     print(
-        f"LoRA per layer: {NUM_LAYERS} layers x 4 projections, 8 adapters x rank 16, bf16, CUDA "
-        "graphs of all layers; 'lora' = LoRA alone, 'step' = (GEMMs + LoRA) - GEMMs, in us"
+        f"LoRA per layer: {NUM_LAYERS} layers x 4 projections, 8 adapters x rank 16 in pages, "
+        "bf16, CUDA graphs of all layers; 'lora' = LoRA alone, 'step' = (GEMMs + LoRA) - GEMMs, "
+        "in us"
     )
     print(f"  {'max_lora_rank':>13} {'T':>5} {'GEMMs':>8} {'lora':>8} {'step':>8}")
     table = {}
-    weights = None
-    for max_rank in STORAGE_RANKS:
-        slots = create_lora_slots(max_rank, DTYPE, DEVICE)
-        weights = weights or create_base_weights(slots, DTYPE, DEVICE)
+    weights = create_base_weights(DTYPE, DEVICE)
+    for max_rank in MAX_LORA_RANKS:
+        workspace = LoRAWorkspace(NUM_LAYERS, max_rank, DEVICE)
         for num_tokens in LORA_TOKENS:
-            step = LoRAStep(slots, num_tokens, weights)
-            if max_rank == STORAGE_RANKS[0] and num_tokens == 64 and not step.sanity_check():
+            step = LoRAStep(pool, workspace, num_tokens, weights)
+            if max_rank == MAX_LORA_RANKS[0] and num_tokens == 64 and not step.sanity_check():
                 print("  FAIL  the LoRA step differs from the reference: not timing it")
                 raise SystemExit(1)
             gemms = graph_us(functools.partial(step.run, lora=False, gemms=True)) / NUM_LAYERS
@@ -183,9 +193,10 @@ def main() -> int:
     results: dict[str, Any] = {"env": env}
     results["paged_attention"] = time_paged_attention(triton_kernels)
     results["fused_ops"] = time_fused_ops(triton_kernels)
-    results["lora_us_per_layer"] = time_lora()
+    pool = create_adapter_pool(DTYPE, DEVICE)
+    results["lora_us_per_layer"] = time_lora(pool)
     if "--tiles" in sys.argv:
-        results["lora_tile_candidates_us_per_layer"] = time_tile_candidates(DTYPE, DEVICE)
+        results["lora_tile_candidates_us_per_layer"] = time_tile_candidates(pool)
     results["wall_s"] = time.perf_counter() - started
     print(f"done in {results['wall_s']:.1f} s")
     out_dir = os.environ.get("OUT")

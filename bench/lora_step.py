@@ -1,26 +1,36 @@
 """The LoRA work of a Llama-3-8B step as the engine runs it, for bench/kernels_bench.py.
 
-Every slot of a 32-layer LoRASlots holds a rank-16 adapter on all 7 modules; each projection
-of each layer runs as MergedLinear runs it: `LoRABatch.begin` (the shrink; on the side stream at
-<= 64 tokens), the base GEMM, `LoRABatch.finish`, with o_proj's and down_proj's deltas going
-into the residual stream.
+8 adapters of rank 16 on all 7 modules of all 32 layers, resident in an AdapterPool over a
+pages tensor of exactly the blocks they take (the KV cache's blocks at block_size 16: pages of
+2 x 16 x 8 KV heads x 128 = 32768 elements, so every row of A and B^T fits a page). Each
+projection of each layer runs as MergedLinear runs it: `LoRABatch.begin` (the shrink; on the side
+stream at <= 64 tokens), the base GEMM, `LoRABatch.finish`, with o_proj's and down_proj's deltas
+going into the residual stream.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
-from loraplex.engine.lora.lora_batch import LoRABatch
-from loraplex.engine.lora.lora_slots import LoRASlots
+from loraplex.engine.kv_cache import KVCacheManager
+from loraplex.engine.lora.adapter import LoRAAdapter, lora_module_shapes
+from loraplex.engine.lora.adapter_loader import CpuAdapter
+from loraplex.engine.lora.adapter_pool import AdapterPool
+from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
+from loraplex.engine.lora.page_layout import SLICES, pack_adapter, plan_layout
 from loraplex.kernels.lora_mapping import build_lora_mapping
 from loraplex.kernels.reference import lora as reference
 
 NUM_LAYERS = 32
-MAX_LORAS = 8
+NUM_ADAPTERS = 8
 ADAPTER_RANK = 16
+BLOCK_SIZE = 16
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
 INTO_RESIDUAL = {("o_proj",), ("down_proj",)}  # MergedLinear passes them the residual stream
+UPLOAD_TIMEOUT_S = 120.0
 
 Projection = tuple[str, ...]
 
@@ -39,65 +49,120 @@ class Llama3Arch:
 
 
 LLAMA3_8B = Llama3Arch()
+SHAPES = lora_module_shapes(LLAMA3_8B)  # (in_dim, out_dim) per module
+PAGE_SIZE = 2 * BLOCK_SIZE * LLAMA3_8B.num_key_value_heads * LLAMA3_8B.head_dim
 
 
-def create_lora_slots(max_lora_rank: int, dtype: torch.dtype, device: torch.device) -> LoRASlots:
-    """Random rank-16 adapters on every module of every slot, written straight into the stacked
-    storage (LoRASlots.load would copy 8 x 32 x 7 CPU pairs)."""
-    slots = LoRASlots(LLAMA3_8B, MAX_LORAS, max_lora_rank, dtype, device)
-    for group in slots.groups.values():
-        in_dim = group.lora_a.shape[-1]
-        group.lora_a[..., :ADAPTER_RANK, :].normal_(0.0, in_dim**-0.5)
-        group.lora_b[..., :ADAPTER_RANK].normal_(0.0, ADAPTER_RANK**-0.5)
-        group.ranks.fill_(ADAPTER_RANK)
-    slots.scalings.fill_(1.0)
-    for module in slots.host_ranks:
-        slots.host_ranks[module] = [ADAPTER_RANK] * MAX_LORAS
-    return slots
+def group_slices(names: Projection) -> slice:
+    """The projection's rows of the pool's per-slice tables."""
+    first = SLICES.index(names[0])
+    return slice(first, first + len(names))
+
+
+def group_sizes(names: Projection) -> tuple[int, ...]:
+    return tuple(SHAPES[m][1] for m in names)
+
+
+def adapter_hash(i: int) -> str:
+    return f"bench-adapter-{i}"
+
+
+def random_adapter() -> LoRAAdapter:
+    """Rank 16 on every module of every layer, scaled so that each delta is O(1)."""
+    weights = {}
+    for layer in range(NUM_LAYERS):
+        for module in SLICES:
+            in_dim, out_dim = SHAPES[module]
+            a = torch.randn(ADAPTER_RANK, in_dim) / in_dim**0.5
+            b = torch.randn(out_dim, ADAPTER_RANK) / ADAPTER_RANK**0.5
+            weights[(layer, module)] = (a, b)
+    return LoRAAdapter(
+        rank=ADAPTER_RANK,
+        lora_alpha=2.0 * ADAPTER_RANK,
+        scaling=1.0,
+        target_modules=SLICES,
+        weights=weights,
+        content_hash="bench-weights",
+        size_bytes=0,
+        base_model_name_or_path=None,
+    )
+
+
+def create_adapter_pool(dtype: torch.dtype, device: torch.device) -> AdapterPool:
+    """NUM_ADAPTERS adapters uploaded into a pool of exactly the blocks they take, ready. They
+    share one random adapter's packed pages (packing 8 x 32 layers x 7 modules would take long)
+    with a scaling each, so every adapter's deltas are its own."""
+    layout = plan_layout(ADAPTER_RANK, SLICES, SHAPES, PAGE_SIZE)
+    num_blocks = NUM_ADAPTERS * layout.num_pages
+    kv = KVCacheManager(num_blocks, BLOCK_SIZE)
+    pages = torch.empty((NUM_LAYERS, num_blocks, PAGE_SIZE), dtype=dtype, device=device)
+    pool = AdapterPool(kv, pages, max_resident=NUM_ADAPTERS, max_pages=layout.num_pages)
+    pin = device.type == "cuda"
+    packed = pack_adapter(random_adapter(), layout, NUM_LAYERS, PAGE_SIZE, dtype, pin)
+    for i in range(NUM_ADAPTERS):
+        cpu = CpuAdapter(adapter_hash(i), layout, packed, scaling=0.5 + i / 8, load_seconds=0.0)
+        assert pool.upload(cpu, keep=())
+    deadline = time.monotonic() + UPLOAD_TIMEOUT_S
+    while not all(pool.is_ready(adapter_hash(i)) for i in range(NUM_ADAPTERS)):
+        assert time.monotonic() < deadline, "adapter uploads did not finish"
+        time.sleep(1e-3)
+    return pool
+
+
+def batch_slot_adapters(pool: AdapterPool) -> torch.Tensor:
+    """[NUM_ADAPTERS] int32: batch slot s -> the resident id of adapter NUM_ADAPTERS - 1 - s."""
+    ids = [pool.resident_id(adapter_hash(NUM_ADAPTERS - 1 - s)) for s in range(NUM_ADAPTERS)]
+    return torch.tensor(ids, dtype=torch.int32, device=pool.device)
 
 
 def create_base_weights(
-    slots: LoRASlots, dtype: torch.dtype, device: torch.device
+    dtype: torch.dtype, device: torch.device
 ) -> list[dict[Projection, torch.Tensor]]:
     """Per layer, each fused projection's weight [out_dim, in_dim] (all layers: GEMMs read HBM)."""
-    shapes = {names: (sum(g.slice_sizes), g.lora_a.shape[-1]) for names, g in slots.groups.items()}
+    shapes = {names: (sum(group_sizes(names)), SHAPES[names[0]][0]) for names in GROUPS}
     return [
         {
             names: torch.empty(shape, device=device, dtype=dtype).normal_(0.0, shape[1] ** -0.5)
             for names, shape in shapes.items()
         }
-        for _ in range(slots.num_layers)
+        for _ in range(NUM_LAYERS)
     ]
 
 
 class LoRAStep:
-    """One step of `num_tokens` tokens, round robin over the adapters."""
+    """One step of `num_tokens` tokens, round robin over the adapters' batch slots."""
 
     def __init__(
-        self, slots: LoRASlots, num_tokens: int, weights: list[dict[Projection, torch.Tensor]]
+        self,
+        pool: AdapterPool,
+        workspace: LoRAWorkspace,
+        num_tokens: int,
+        weights: list[dict[Projection, torch.Tensor]],
     ) -> None:
-        device, dtype = slots.scalings.device, slots.groups[("o_proj",)].lora_a.dtype
-        self.slots = slots
+        device, dtype = pool.device, pool.pages.dtype
+        self.pool = pool
+        self.workspace = workspace
         self.weights = weights
-        token_slots = torch.arange(num_tokens, device=device) % MAX_LORAS
-        self.sorted_token_ids, self.slot_start_loc = build_lora_mapping(token_slots, MAX_LORAS)
-        mapping = (self.sorted_token_ids, self.slot_start_loc)
-        self.batch = LoRABatch(slots, *mapping, set(slots.module_shapes))
+        token_slots = torch.arange(num_tokens, device=device) % NUM_ADAPTERS
+        self.sorted_token_ids, self.slot_start_loc = build_lora_mapping(token_slots, NUM_ADAPTERS)
+        self.slot_adapters = batch_slot_adapters(pool)
+        mapping = (self.sorted_token_ids, self.slot_start_loc, self.slot_adapters)
+        self.batch = LoRABatch(pool, workspace, *mapping, set(SLICES))
         self.x: dict[Projection, torch.Tensor] = {}
         self.y: dict[Projection, torch.Tensor] = {}
-        for names, group in slots.groups.items():
-            in_dim, out_dim = group.lora_a.shape[-1], sum(group.slice_sizes)
+        for names in GROUPS:
+            in_dim, out_dim = SHAPES[names[0]][0], sum(group_sizes(names))
             self.x[names] = torch.randn(num_tokens, in_dim, device=device, dtype=dtype)
             self.y[names] = torch.zeros(num_tokens, out_dim, device=device, dtype=dtype)
-        hidden = slots.module_shapes["o_proj"][1]
+        hidden = SHAPES["o_proj"][1]
         self.residual = torch.zeros(num_tokens, hidden, device=device, dtype=dtype)
 
     def run(self, lora: bool, gemms: bool, num_layers: int | None = None) -> None:
         """The step's projections (of the first `num_layers` layers, default all): base GEMMs,
         LoRA, or both (begin, GEMM, finish)."""
-        for layer in range(num_layers or self.slots.num_layers):
-            for names, group in self.slots.groups.items():
-                x, y, sizes = self.x[names], self.y[names], group.slice_sizes
+        for layer in range(num_layers or NUM_LAYERS):
+            for names in GROUPS:
+                x, y, sizes = self.x[names], self.y[names], group_sizes(names)
                 into = self.residual if names in INTO_RESIDUAL else None
                 shrunk = self.batch.begin(layer, names, sizes, x, delta_into=into) if lora else None
                 if gemms:
@@ -106,24 +171,28 @@ class LoRAStep:
                     self.batch.finish(shrunk, y)
 
     def sanity_check(self) -> bool:
-        """Layer 0's deltas from y = 0 and residual = 0 against the reference kernels: qkv's
-        and gate_up's in y, o's plus down's in the residual (through a bf16 intermediate, so
-        within two bf16 steps of the largest delta)."""
+        """Layer 0's deltas from y = 0 and residual = 0 against the reference kernels on the
+        pool's tables: qkv's and gate_up's in y, o's plus down's in the residual (through a
+        bf16 intermediate, so within two bf16 steps of the largest delta)."""
         self.residual.zero_()
         for y in self.y.values():
             y.zero_()
         self.run(lora=True, gemms=False, num_layers=1)
         torch.cuda.synchronize()
         ok = True
+        pool = self.pool
         residual = torch.zeros_like(self.residual, dtype=torch.float32)
-        for names, group in self.slots.groups.items():
-            mapping = (self.sorted_token_ids, self.slot_start_loc, group.ranks)
-            shape = (len(names), self.x[names].shape[0], self.slots.max_lora_rank)
+        mapping = (self.slot_adapters, self.sorted_token_ids, self.slot_start_loc)
+        for names in GROUPS:
+            rows = group_slices(names)
+            shape = (len(names), self.x[names].shape[0], self.workspace.max_rank)
             lora_out = torch.zeros(shape, device=residual.device)
-            reference.lora_shrink(self.x[names], group.lora_a[0], *mapping, lora_out)
+            a_tables = (pool.pages[0], pool.page_table, pool.first_a[rows], pool.ranks[rows])
+            reference.lora_shrink(self.x[names], *a_tables, *mapping, lora_out)
             expected = torch.zeros_like(self.y[names], dtype=torch.float32)
-            args = (self.slots.scalings, expected, 0, group.slice_sizes)
-            reference.lora_expand(lora_out, group.lora_b[0], *mapping, *args)
+            b_tables = (pool.pages[0], pool.page_table, pool.first_b[rows], pool.ranks[rows])
+            args = (expected, 0, group_sizes(names))
+            reference.lora_expand(lora_out, *b_tables, pool.scalings, *mapping, *args)
             if names in INTO_RESIDUAL:
                 residual += expected
                 expected.zero_()

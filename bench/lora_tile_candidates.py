@@ -1,8 +1,9 @@
 """Candidate LoRA tiles, timed by passing them to launch_lora_shrink / launch_lora_expand.
 
-Each kernel alone over the 4 slice groups of one Llama-3-8B layer (8 adapters x rank 16,
-max_lora_rank 16): decode-row candidates at T = 64 (round robin over the adapters), prefill-row
-candidates at T = 4096 (runs of 512 tokens per adapter, offline_throughput.py's prefill step).
+Each kernel alone over the 4 slice groups of one Llama-3-8B layer (8 adapters x rank 16 in an
+AdapterPool's pages, bench/lora_step.py; shrink output 16 wide): decode-row candidates at T = 64
+(round robin over the adapters), prefill-row candidates at T = 4096 (runs of 512 tokens per
+adapter, offline_throughput.py's prefill step).
 The tables' own row comes first in each list. Timing only: tests/kernels checks every tile shape
 the launchers accept against the reference.
 """
@@ -13,8 +14,17 @@ import functools
 
 import torch
 from kernel_timing import bench_us
-from lora_step import create_lora_slots
+from lora_step import (
+    ADAPTER_RANK,
+    GROUPS,
+    NUM_ADAPTERS,
+    SHAPES,
+    batch_slot_adapters,
+    group_sizes,
+    group_slices,
+)
 
+from loraplex.engine.lora.adapter_pool import AdapterPool
 from loraplex.kernels.lora_mapping import build_lora_mapping
 from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles, launch_lora_expand
 from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, ShrinkTiles, launch_lora_shrink
@@ -49,30 +59,32 @@ CANDIDATES: dict[int, tuple[list[ShrinkTiles], list[ExpandTiles]]] = {
 }
 
 
-def time_tile_candidates(dtype: torch.dtype, device: torch.device) -> dict[str, float]:
-    """us per layer (sum of the 4 slice groups) per (T, kernel, tiles)."""
+def time_tile_candidates(pool: AdapterPool) -> dict[str, float]:
+    """us per layer (sum of the 4 slice groups) per (T, kernel, tiles), over the adapters of
+    `pool` (lora_step.create_adapter_pool)."""
     print("LoRA tile candidates: us per layer, each kernel alone (the tables' row first)")
-    slots = create_lora_slots(16, dtype, device)
+    device, dtype = pool.device, pool.pages.dtype
+    slot_adapters = batch_slot_adapters(pool)
     results = {}
     for num_tokens, (shrinks, expands) in CANDIDATES.items():
         run = 1 if num_tokens <= 64 else 512
-        token_slots = (torch.arange(num_tokens, device=device) // run) % slots.max_loras
-        ids, loc = build_lora_mapping(token_slots, slots.max_loras)
+        token_slots = (torch.arange(num_tokens, device=device) // run) % NUM_ADAPTERS
+        ids, loc = build_lora_mapping(token_slots, NUM_ADAPTERS)
+        mapping = (slot_adapters, ids, loc)
         shrink_calls, expand_calls = [], []
-        for names, group in slots.groups.items():
-            in_dim, out_dim = group.lora_a.shape[-1], sum(group.slice_sizes)
-            x = torch.randn(num_tokens, in_dim, device=device, dtype=dtype)
-            lora_out = torch.zeros(len(names), num_tokens, slots.max_lora_rank, device=device)
-            y = torch.zeros(num_tokens, out_dim, device=device, dtype=dtype)
-            mapping = (ids, loc, group.ranks)
+        for names in GROUPS:
+            rows, sizes = group_slices(names), group_sizes(names)
+            x = torch.randn(num_tokens, SHAPES[names[0]][0], device=device, dtype=dtype)
+            lora_out = torch.zeros(len(names), num_tokens, ADAPTER_RANK, device=device)
+            y = torch.zeros(num_tokens, sum(sizes), device=device, dtype=dtype)
+            a_tables = (pool.pages[0], pool.page_table, pool.first_a[rows], pool.ranks[rows])
+            b_tables = (pool.pages[0], pool.page_table, pool.first_b[rows], pool.ranks[rows])
             shrink_calls.append(
-                functools.partial(launch_lora_shrink, x, group.lora_a[0], *mapping, lora_out, True)
+                functools.partial(launch_lora_shrink, x, *a_tables, *mapping, lora_out, True)
             )
-            expand_args = (slots.scalings, y, 0, group.slice_sizes)
+            expand_args = (pool.scalings, *mapping, y, 0, sizes)
             expand_calls.append(
-                functools.partial(
-                    launch_lora_expand, lora_out, group.lora_b[0], *mapping, *expand_args
-                )
+                functools.partial(launch_lora_expand, lora_out, *b_tables, *expand_args)
             )
         for kind, candidates, calls in (
             ("shrink", shrinks, shrink_calls),
