@@ -278,3 +278,4 @@ def test_lora_batch_graph_replays_new_mappings_and_adapters(
         step.check(mapping.token_adapters)
     assert pool.resident_id(a3.content_hash) == 1 and pool.resident_id(a4.content_hash) == 3
     pool.check_integrity()
+    manager.shutdown()
