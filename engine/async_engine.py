@@ -1,91 +1,146 @@
 """AsyncEngine: the only door into the engine for the server.
 
-The LLMEngine runs in one background thread (model steps block; the event loop must not).
-Callers talk to it through a command inbox; outputs come back through one asyncio.Queue per
-request, handed over with `call_soon_threadsafe`.
+The engine's step loop (engine/engine_core.py) runs in a thread of this process or in a process
+of its own (engine/core_transport.py); AsyncEngine sends it commands and turns its per-step
+messages back into each request's stream of cumulative `RequestOutput`s, on the event loop:
 
-    event loop ──add/abort──▶ inbox ──▶ engine thread: apply commands, step(), publish outputs
-               ◀──RequestOutput── per-request queue ◀──┘
+    generate() ──AddRequest/AbortRequest──▶ EngineCore (thread or process)
+    per-request queue ◀── one call_soon_threadsafe per step ◀── StepMessage (deltas, stats)
+
+Leaving a stream early (or the task being cancelled: a client that hung up) aborts the request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import queue
-import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from loraplex.engine.errors import EngineDeadError
+from loraplex.engine.core_transport import CoreTransport, ProcessTransport, ThreadTransport
+from loraplex.engine.engine_args import create_engine_config
+from loraplex.engine.engine_core import (
+    AbortRequest,
+    AdapterCommand,
+    AddRequest,
+    CommandResult,
+    OutputDelta,
+    Shutdown,
+    StepMessage,
+)
+from loraplex.engine.errors import EngineDeadError, InvalidParameterError
 from loraplex.engine.llm_engine import LLMEngine, PromptType
-from loraplex.engine.request import LoRARequest, RequestOutput, SamplingParams
+from loraplex.engine.request import (
+    CompletionOutput,
+    Logprob,
+    LoRARequest,
+    RequestOutput,
+    SamplingParams,
+)
 from loraplex.engine.stats import AdapterLoad, EngineStats
 from loraplex.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-_IDLE_WAIT_S = 0.05
+
+@dataclass
+class _Completion:
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[tuple[Logprob, list[Logprob]]] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
 
 
 @dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
+class _Request:
+    """A request as the caller sees it: its queue and its outputs so far."""
 
-    def put(self, item: RequestOutput | BaseException) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+    prompt: str | None
+    prompt_token_ids: list[int]
+    queue: asyncio.Queue[RequestOutput | BaseException]
+    added: asyncio.Future[Any]
+    completions: dict[int, _Completion] = field(default_factory=dict)
+
+    def apply(self, request_id: str, delta: OutputDelta) -> RequestOutput:
+        for d in delta.completions:
+            c = self.completions.setdefault(d.index, _Completion())
+            c.token_ids = c.token_ids + d.token_ids  # new lists: earlier outputs stay intact
+            c.text += d.text
+            if d.logprobs is not None:
+                c.logprobs = (c.logprobs or []) + d.logprobs
+            c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
+        outputs = [
+            CompletionOutput(i, c.text, c.token_ids, c.finish_reason, c.logprobs, c.stop_reason)
+            for i, c in sorted(self.completions.items())
+        ]
+        return RequestOutput(
+            request_id, self.prompt, self.prompt_token_ids, outputs, delta.finished,
+            delta.num_cached_tokens, delta.error,
+        )  # fmt: skip
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._wakeup = threading.Event()
-        self._streams: dict[str, _Stream] = {}
-        self._thread: threading.Thread | None = None
+    def __init__(self, transport: CoreTransport, tokenizer: Tokenizer, model: str) -> None:
+        self.transport = transport
+        self.tokenizer = tokenizer
+        self.model_name = model.rstrip("/").split("/")[-1]
+        self.max_model_len = transport.info.max_model_len
+        self.vocab_size = transport.info.vocab_size
+        self._requests: dict[str, _Request] = {}
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._command_ids = itertools.count(1)
+        self._stats = EngineStats()
+        self._on_adapter_load: Callable[[AdapterLoad], None] | None = None
+        self._dead: str | None = None
+        self._started = False
         self._stopping = False
-        self._stats: EngineStats = engine.get_stats()
 
     @classmethod
-    def from_engine_args(cls, model: str, **kwargs: Any) -> AsyncEngine:
-        return cls(LLMEngine.from_engine_args(model, **kwargs))
+    def from_engine_args(
+        cls, model: str, *, engine_process: bool = False, **kwargs: Any
+    ) -> AsyncEngine:
+        """Build the engine: in this process (a thread runs its steps), or with
+        `engine_process` in a process of its own (what the server does). Blocks while the
+        model loads."""
+        config = create_engine_config(model, **kwargs)
+        if engine_process:
+            return cls(ProcessTransport(config), Tokenizer.from_model_dir(model), model)
+        engine = LLMEngine(config)
+        return cls(ThreadTransport(engine), engine.tokenizer, model)
 
     @property
-    def tokenizer(self) -> Tokenizer:
-        return self.engine.tokenizer
-
-    @property
-    def model_name(self) -> str:
-        return self.engine.config.model.model.rstrip("/").split("/")[-1]
-
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
+    def engine(self) -> LLMEngine:
+        """The LLMEngine itself, when it runs in this process (tests inspect it)."""
+        assert isinstance(self.transport, ThreadTransport), "the engine runs in a process"
+        return self.transport.engine
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._started and self._dead is None and self.transport.is_alive
 
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.is_running:
+        if self._started:
             return
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="loraplex-engine", daemon=True)
-        self._thread.start()
+        loop = asyncio.get_running_loop()
+
+        def on_message(message: StepMessage) -> None:  # called from the transport's thread
+            loop.call_soon_threadsafe(self._dispatch, message)
+
+        self.transport.start(on_message)
+        self._started = True
 
     async def shutdown(self) -> None:
         """Stop the step loop; requests still in flight end with finish_reason 'abort'."""
-        if self._thread is None:
+        if not self._started or not self.transport.is_alive:
             return
-        self._submit(self._abort_all)
         self._stopping = True
-        self._wakeup.set()
-        await asyncio.to_thread(self._thread.join)
-        self._thread = None
+        self.transport.send(Shutdown())
+        await asyncio.to_thread(self.transport.join)
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -105,47 +160,26 @@ class AsyncEngine:
         task being cancelled, e.g. on client disconnect) aborts the request at once.
         """
         if not self.is_running:
-            raise EngineDeadError("the engine is not running")
-        if isinstance(prompt, str):
-            # Tokenize off the event loop: a long prompt must not stall other clients.
-            text, token_ids = await asyncio.to_thread(self.engine.tokenize_prompt, prompt)
-            prompt = {"prompt": text, "prompt_token_ids": token_ids}
+            raise EngineDeadError(self._dead or "the engine is not running")
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, token_ids = await self._tokenize(prompt)
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop, asyncio.Queue())
-        added: asyncio.Future[None] = loop.create_future()
-        accepted = False  # set in the engine thread once the engine holds the request
-
-        def add() -> None:
-            nonlocal accepted
-            try:
-                self.engine.add_request(
-                    request_id,
-                    prompt,
-                    sampling_params,
-                    lora_request,
-                    priority,
-                    fairness_key,
-                    cache_salt,
-                )
-            except Exception as exc:  # handed to the caller, who raises it
-                loop.call_soon_threadsafe(_settle, added, None, exc)
-                return
-            accepted = True
-            self._streams[request_id] = stream
-            loop.call_soon_threadsafe(_settle, added, None, None)
-
-        def abort_if_accepted() -> None:
-            if accepted:  # never abort another request that happens to hold this id
-                self._abort(request_id)
-
+        request = _Request(text, token_ids, asyncio.Queue(), loop.create_future())
+        self._requests[request_id] = request
         finished = False
         try:
-            # Inside the try: a caller cancelled while the add is queued (a client that hung
-            # up at once) still aborts the request, which the engine thread adds first.
-            self._submit(add)
-            await added
+            # Inside the try: a caller cancelled while the add is on its way (a client that
+            # hung up at once) still aborts the request, which the core adds first.
+            self.transport.send(
+                AddRequest(
+                    request_id, text, token_ids, sampling_params, lora_request, priority,
+                    fairness_key, cache_salt,
+                )
+            )  # fmt: skip
+            await request.added
             while not finished:
-                item = await stream.queue.get()
+                item = await request.queue.get()
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
@@ -153,108 +187,92 @@ class AsyncEngine:
                     raise item.error
                 yield item
         finally:
-            if not finished:
-                self._submit(abort_if_accepted)
+            self._requests.pop(request_id, None)
+            if not finished and self.is_running:
+                self.transport.send(AbortRequest(request_id))
 
     async def abort(self, request_id: str) -> None:
-        self._submit(lambda: self._abort(request_id))
+        if self.is_running:
+            self.transport.send(AbortRequest(request_id))
 
     def get_stats(self) -> EngineStats:
-        """The latest snapshot published by the engine thread (never blocks)."""
+        """The latest snapshot the engine sent (never blocks)."""
         return self._stats
 
     def observe_adapter_loads(self, callback: Callable[[AdapterLoad], None]) -> None:
-        """Call `callback` after every adapter load (from the engine thread: keep it cheap and
-        thread-safe, e.g. a Prometheus observation)."""
-        if self.engine.lora_manager is not None:
-            self.engine.lora_manager.on_adapter_load = callback
+        """Call `callback` (on the event loop) after every adapter load."""
+        self._on_adapter_load = callback
+
+    async def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            # Tokenize off the event loop: a long prompt must not stall other clients.
+            return prompt, await asyncio.to_thread(self.tokenizer.encode, prompt)
+        if isinstance(prompt, dict):
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if not isinstance(prompt, list):
+            raise InvalidParameterError("must be text or token ids", param="prompt")
+        return None, list(prompt)
 
     # ---- adapters ----------------------------------------------------------------------
 
     async def add_lora(self, lora_request: LoRARequest) -> None:
-        """Load an adapter now, in the engine thread (else it loads on first use)."""
-        await self._call(lambda: self.engine.add_lora(lora_request))
+        """Load and validate an adapter now, in the engine (else it loads on first use)."""
+        await self._call(AdapterCommand(next(self._command_ids), "add_lora", lora_request))
 
     async def remove_lora(self, lora_int_id: int) -> bool:
         """Unregister an adapter; its requests in flight finish first."""
-        return bool(await self._call(lambda: self.engine.remove_lora(lora_int_id)))
+        command = AdapterCommand(next(self._command_ids), "remove_lora", lora_int_id=lora_int_id)
+        return bool(await self._call(command))
 
-    async def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` in the engine thread between steps and return its result."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def command() -> None:
-            try:
-                result = fn()
-            except Exception as exc:
-                loop.call_soon_threadsafe(_settle, future, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
-
-        self._submit(command)
+    async def _call(self, command: AdapterCommand) -> Any:
+        if not self.is_running:
+            raise EngineDeadError(self._dead or "the engine is not running")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[command.command_id] = future
+        self.transport.send(command)
         return await future
 
-    # ---- the engine thread -------------------------------------------------------------
+    # ---- messages from the core (on the event loop) ------------------------------------
 
-    def _submit(self, command: Callable[[], None]) -> None:
-        self._inbox.put(command)
-        self._wakeup.set()
+    def _dispatch(self, message: StepMessage) -> None:
+        if message.stats is not None:  # first: a caller never sees older stats than outputs
+            self._stats = message.stats
+        for result in message.results:
+            self._settle(result)
+        for delta in message.deltas:
+            request = self._requests.get(delta.request_id)
+            if request is not None:
+                request.queue.put_nowait(request.apply(delta.request_id, delta))
+        if self._on_adapter_load is not None:
+            for load in message.adapter_loads:
+                self._on_adapter_load(load)
+        if message.died is not None and self._dead is None:
+            self._fail_everything(message.died)
 
-    def _run(self) -> None:
-        try:
-            while not self._stopping or not self._inbox.empty():
-                self._apply_commands()
-                if self.engine.has_unfinished_requests():
-                    self._step()
-                else:
-                    self._wakeup.wait(_IDLE_WAIT_S)
-                    self._wakeup.clear()
-        except BaseException as exc:  # a bug in the engine: fail every stream, never hang
-            logger.exception("engine thread died")
-            for stream in self._streams.values():
-                stream.put(EngineDeadError(f"engine thread died: {exc!r}"))
-            self._streams.clear()
-            raise
-
-    def _apply_commands(self) -> None:
-        while True:
-            try:
-                command = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            command()
-
-    def _step(self) -> None:
-        outputs = self.engine.step()
-        self._stats = self.engine.get_stats()  # before outputs: a caller never sees old stats
-        for output in outputs:
-            self._publish(output)
-
-    def _publish(self, output: RequestOutput) -> None:
-        stream = self._streams.get(output.request_id)
-        if stream is None:
+    def _settle(self, result: CommandResult) -> None:
+        future: asyncio.Future[Any] | None
+        if result.request_id is not None:
+            request = self._requests.get(result.request_id)
+            future = request.added if request is not None else None
+        else:
+            future = self._pending.pop(result.command_id, None)
+        if future is None or future.done():
             return
-        stream.put(output)
-        if output.finished:
-            del self._streams[output.request_id]
+        if result.error is not None:
+            future.set_exception(result.error)
+        else:
+            future.set_result(result.value)
 
-    def _abort(self, request_id: str) -> None:
-        outputs = self.engine.abort_request(request_id)
-        self._stats = self.engine.get_stats()
-        for output in outputs:
-            self._publish(output)
-        self._streams.pop(request_id, None)
-
-    def _abort_all(self) -> None:
-        for request_id in list(self._streams):
-            self._abort(request_id)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(result)
-    else:
-        future.set_exception(error)
+    def _fail_everything(self, reason: str) -> None:
+        """The core is gone: every waiting caller gets EngineDeadError, never a hang."""
+        self._dead = reason
+        if not self._stopping:
+            logger.error("%s", reason)
+        for request in self._requests.values():
+            if not request.added.done():
+                request.added.set_exception(EngineDeadError(reason))
+            request.queue.put_nowait(EngineDeadError(reason))
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
+        self._pending.clear()

@@ -6,6 +6,9 @@ adapter); the platform maps each to one HTTP status in `platform/api/errors.py`.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 
 class ConfigError(ValueError):
     """An engine option is out of range or inconsistent."""
@@ -18,6 +21,10 @@ class InvalidParameterError(ValueError):
         super().__init__(f"{param}: {message}")
         self.message = message
         self.param = param
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # Pickled whole (the engine's own process sends it to the caller's).
+        return functools.partial(type(self), param=self.param), (self.message,)
 
 
 class RequestTooLongError(InvalidParameterError):

@@ -52,8 +52,11 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_model_len: int | None = None
     max_num_seqs: int = 64
-    max_loras: int = 8
+    max_loras: int | None = None  # distinct adapters in one step; None: no cap
     max_lora_rank: int = 64
+    # The engine's step loop in a process of its own (its Python work never competes with the
+    # event loop); False: a thread of the server's process.
+    engine_process: bool = True
     engine_args: dict[str, Any] = Field(default_factory=dict)  # any other LLM(...) keyword
 
     # HTTP
@@ -138,6 +141,7 @@ class Settings(BaseSettings):
             "max_num_seqs": self.max_num_seqs,
             "max_loras": self.max_loras,
             "max_lora_rank": self.max_lora_rank,
+            "engine_process": self.engine_process,
         }
         kwargs.update(self.engine_args)
         return kwargs

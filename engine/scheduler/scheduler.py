@@ -243,49 +243,60 @@ class Scheduler:
     def _try_admit(self, request: Request, step: _Step) -> bool:
         if len(self.running) >= self.config.max_num_seqs or step.budget <= 0:
             return False
-        kv = self.kv_cache_manager
-        if request.fork_parent_id is not None:
-            kv.fork(self.requests[request.fork_parent_id], request)
-            num_new = 1
-            if not kv.allocate_slots(request, num_new):
-                kv.free(request)
-                request.num_computed_tokens = 0
-                return False
-        elif request.status == RequestStatus.SWAPPED:
-            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
-            blocks_needed = cdiv(request.num_computed_tokens + num_new, kv.block_size)
-            if not kv.has_free_blocks(blocks_needed):
-                return False
-            swap_in = kv.swap_in(request)
-            assert swap_in is not None
-            step.swap_in.extend(swap_in)
-            allocated = kv.allocate_slots(request, num_new)
-            assert allocated, "the free blocks counted above must cover the swap-in"
-        else:
-            computed_blocks: list[KVCacheBlock] = []
-            num_cached = 0
-            if request.num_computed_tokens == 0:
-                computed_blocks, num_cached = kv.get_computed_blocks(request)
-            num_new = min(
-                request.num_tokens - request.num_computed_tokens - num_cached, step.budget
-            )
-            if not kv.allocate_slots(request, num_new, computed_blocks):
-                return False
-            request.num_computed_tokens += num_cached
-            if request.num_preemptions == 0 and kv.enable_caching:
-                request.num_cached_tokens = num_cached
-                kv.record_prefix_lookup(request.num_tokens, num_cached)
+        gate = self.adapter_gate
+        if gate is not None:
+            # Pinned first: making room for the request (KVCacheManager.reclaim) must never
+            # evict its own adapter.
+            gate.on_scheduled(request)
+        num_new = self._allocate_for_admission(request, step)
+        if num_new is None:
+            if gate is not None:
+                gate.on_descheduled(request)
+            return False
         self.waiting.remove(request)
         self.running.append(request)
         request.status = RequestStatus.RUNNING
-        if self.adapter_gate is not None:
-            self.adapter_gate.on_scheduled(request)
         if request.adapter_wait_start is not None:
             self.adapter_wait_seconds += time.monotonic() - request.adapter_wait_start
             self.num_adapter_waits += 1
             request.adapter_wait_start = None
         self._add_to_step(request, num_new, step)
         return True
+
+    def _allocate_for_admission(self, request: Request, step: _Step) -> int | None:
+        """Blocks (and swap-ins) for a waiting request's first tokens of this step: how many
+        tokens it computes, or None, changing nothing, when blocks are short."""
+        kv = self.kv_cache_manager
+        if request.fork_parent_id is not None:
+            kv.fork(self.requests[request.fork_parent_id], request)
+            if not kv.allocate_slots(request, 1):
+                kv.free(request)
+                request.num_computed_tokens = 0
+                return None
+            return 1
+        if request.status == RequestStatus.SWAPPED:
+            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
+            blocks_needed = cdiv(request.num_computed_tokens + num_new, kv.block_size)
+            if not kv.has_free_blocks(blocks_needed):
+                return None
+            swap_in = kv.swap_in(request)
+            assert swap_in is not None
+            step.swap_in.extend(swap_in)
+            allocated = kv.allocate_slots(request, num_new)
+            assert allocated, "the free blocks counted above must cover the swap-in"
+            return num_new
+        computed_blocks: list[KVCacheBlock] = []
+        num_cached = 0
+        if request.num_computed_tokens == 0:
+            computed_blocks, num_cached = kv.get_computed_blocks(request)
+        num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, step.budget)
+        if not kv.allocate_slots(request, num_new, computed_blocks):
+            return None
+        request.num_computed_tokens += num_cached
+        if request.num_preemptions == 0 and kv.enable_caching:
+            request.num_cached_tokens = num_cached
+            kv.record_prefix_lookup(request.num_tokens, num_cached)
+        return num_new
 
     def _fork_parent_ready(self, request: Request) -> bool:
         """n > 1: a sibling shares the first one's prompt blocks once they are computed."""

@@ -18,7 +18,8 @@ Segment tiles are the shrink's (`lora_segments.py`: a shape-only bound, so CUDA-
 Programs past the last tile, or whose column tile starts past their (narrower) slice, return at
 once. The K loop walks the adapter's own rank in BLOCK_K steps. A rank row of B^T lies whole in
 one page when it fits one (`lora_pages.py`), so a [BLOCK_K, BLOCK_N] tile is BLOCK_K contiguous
-runs of columns; slices wider than a page (SPLIT_ROWS) find their page per element. Slice
+runs of columns; when some slice of the launch is wider than a page (SPLIT_ROWS), every slice
+finds its pages per element through the general formula (rows packed or spanning pages alike). Slice
 boundaries are passed as scalars: up to MAX_SLICES slices (qkv).
 
 Tiles (`EXPAND_TILES`, keyed by the number of tokens of the launch): out_dim is wide
@@ -45,7 +46,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.triton.launch_checks import check, check_one_device
-from loraplex.kernels.triton.lora_pages import page_rows, split_row_ptrs
+from loraplex.kernels.triton.lora_pages import matrix_ptrs, page_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
     rank_block,
@@ -129,7 +130,7 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SLOTS: tl.constexpr,
-    SPLIT_ROWS: tl.constexpr,  # some slice is wider than a page: its rows span pages
+    SPLIT_ROWS: tl.constexpr,  # some slice is wider than a page: the general addressing
     DOT_PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(1)
@@ -168,7 +169,7 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
         mask_k = k < rank
         mask_b = mask_k[:, None] & mask_n[None, :]
         if SPLIT_ROWS:
-            b_ptrs = split_row_ptrs(
+            b_ptrs = matrix_ptrs(
                 pages_ptr, adapter_pages, first, k[:, None], offs_n[None, :], mask_b, width,
                 page_size, stride_pp,
             )  # fmt: skip

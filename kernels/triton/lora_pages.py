@@ -28,11 +28,15 @@ def page_rows(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def split_row_ptrs(  # type: ignore[no-untyped-def]
+def matrix_ptrs(  # type: ignore[no-untyped-def]
     pages_ptr, adapter_pages, first, rows, cols, mask, row_len, page_size, stride_pp
 ):
-    """Pointers to elements (rows, cols) (broadcast 2-D index tensors) of a matrix whose rows
-    span several pages (row_len > page_size)."""
+    """Pointers to elements (rows, cols) (broadcast 2-D index tensors) of a matrix, whatever
+    the length of its rows: the general form of the module docstring's two cases (`page_rows`
+    is the fast one for rows that fit a page)."""
+    per_page = tl.maximum(page_size // row_len, 1)
     per_row = (row_len + page_size - 1) // page_size
-    blocks = tl.load(adapter_pages + first + rows * per_row + cols // page_size, mask=mask, other=0)
-    return pages_ptr + blocks.to(tl.int64) * stride_pp + cols % page_size
+    page = first + (rows // per_page) * per_row + cols // page_size
+    blocks = tl.load(adapter_pages + page, mask=mask, other=0)
+    offset = (rows % per_page) * row_len + cols % page_size
+    return pages_ptr + blocks.to(tl.int64) * stride_pp + offset

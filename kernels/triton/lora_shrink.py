@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.triton.launch_checks import check, check_one_device
-from loraplex.kernels.triton.lora_pages import page_rows, split_row_ptrs
+from loraplex.kernels.triton.lora_pages import matrix_ptrs, page_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
     rank_block,
@@ -163,7 +163,7 @@ def _lora_shrink_kernel(  # type: ignore[no-untyped-def]
         x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         mask_a = mask_k[:, None] & mask_n[None, :]
         if SPLIT_ROWS:  # A read transposed: [BLOCK_K, BLOCK_N]
-            a_ptrs = split_row_ptrs(
+            a_ptrs = matrix_ptrs(
                 pages_ptr, adapter_pages, first, offs_n[None, :], k[:, None], mask_a, in_dim,
                 page_size, stride_pp,
             )  # fmt: skip

@@ -3,6 +3,7 @@ and go while requests run."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,32 @@ def test_a_request_that_cannot_fit_beside_its_adapter_fails_clearly(base: Path, 
     assert outs["never"].outputs[0].finish_reason == "error"
     assert isinstance(outs["never"].error, RequestTooLongError)
     assert "13 KV blocks" in str(outs["never"].error)
+
+
+@pytest.mark.parametrize("num_kv_blocks", [38, 40, 44, 48])
+def test_making_room_for_a_request_never_evicts_its_own_adapter(
+    tmp_path: Path, num_kv_blocks: int
+) -> None:
+    # Three adapters taking 4 + 4 + 30 blocks of the pool: admitting a request reclaims idle
+    # adapters' blocks, and must not take its own adapter (ready, about to be pinned).
+    base = write_random_checkpoint(
+        tmp_path / "base", "llama", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32
+    )
+    adapters = [
+        write_peft_adapter(base, tmp_path / "a4", 4, ["q_proj", "v_proj"], seed=4),
+        write_peft_adapter(base, tmp_path / "a16", 16, ["o_proj", "down_proj"], seed=16),
+        write_peft_adapter(
+            base, tmp_path / "a64", 64, ["q_proj", "k_proj", "gate_proj", "up_proj"], seed=64
+        ),
+    ]
+    llm = make_llm(base, num_kv_blocks=num_kv_blocks, block_size=16)
+    engine = llm.engine
+    loras = [LoRARequest(f"a{i}", i + 1, str(path)) for i, path in enumerate(adapters)]
+    plan = [*loras, None, *loras, None]
+    rng = random.Random(0)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for i, lora in enumerate(plan):
+        prompt = [rng.randrange(5, 500) for _ in range(rng.randrange(3, 60))]
+        engine.add_request(f"r{i}", prompt, params, lora_request=lora)
+    outs = run_to_completion(engine)
+    assert {o.outputs[0].finish_reason for o in outs.values()} == {"length"}

@@ -46,14 +46,6 @@ MAX_LORA_RANK = 64  # the engine's default: the shrink output's width
 Y_OFFSET = 128
 PAGE_SIZE = 2 * BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM  # 32768: one KV block of every head
 SMALL_PAGE_SIZE = 2 * 1 * NUM_KV_HEADS * HEAD_DIM  # 2048: block_size 1
-# The expand's SPLIT_ROWS path reads B^T of a slice that fits a page as if its rows spanned
-# pages (tests/kernels/test_lora_kernels.py, EXPAND_MIXED_PLACEMENTS): at block_size 1, qkv's
-# q rows (4096) span pages while k's and v's (1024) pack two to a page.
-EXPAND_MIXED_PLACEMENTS = pytest.mark.xfail(
-    reason="lora_expand's SPLIT_ROWS path ignores rows_per_page of slices that fit a page",
-    raises=AssertionError,
-    strict=True,
-)
 
 
 def llama3_inputs(
@@ -139,7 +131,7 @@ def test_shrink_rows_spanning_pages_match_reference(
 @pytest.mark.parametrize("num_tokens", [1, 256])
 @pytest.mark.parametrize(
     "group",
-    [pytest.param(g, marks=[EXPAND_MIXED_PLACEMENTS] if g == "qkv" else []) for g in LORA_GROUPS],
+    list(LORA_GROUPS),
 )
 def test_expand_rows_spanning_pages_match_reference(
     triton_kernels: ModuleType, group: str, num_tokens: int, dtype: torch.dtype

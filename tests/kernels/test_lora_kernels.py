@@ -24,7 +24,6 @@ from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles, launc
 from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, ShrinkTiles, launch_lora_shrink
 from loraplex.kernels.triton.tile_table import TileTable
 from tests.kernels.lora_inputs import (
-    MIXED_PLACEMENTS,
     NAN,
     SENTINEL,
     LoRACase,
@@ -58,15 +57,6 @@ EXPAND_VARIANTS: dict[str, ExpandTiles] = {
     **{f"row{i}": tiles for i, (_, tiles) in enumerate(EXPAND_TILES.rows)},
     "wide-rank-steps": ExpandTiles(16, block_n=32, max_block_k=64, num_warps=4, num_stages=2),
 }
-
-# A known kernel bug: with SPLIT_ROWS (some slice wider than a page) the expand addresses every
-# slice's B^T as if its rows spanned pages (split_row_ptrs, one page per row), so a slice whose
-# rows pack several to a page is read from the wrong pages. Strict: fixing it turns this red.
-EXPAND_MIXED_PLACEMENTS = pytest.mark.xfail(
-    reason="lora_expand's SPLIT_ROWS path ignores rows_per_page of slices that fit a page",
-    raises=AssertionError,
-    strict=True,
-)
 
 
 def launch_params(variants: dict[str, Any]) -> list[Any]:
@@ -123,7 +113,7 @@ def test_triton_shrink_matches_reference(
     torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
 
 
-@pytest.mark.parametrize("case", case_params({MIXED_PLACEMENTS: EXPAND_MIXED_PLACEMENTS}))
+@pytest.mark.parametrize("case", case_params())
 @pytest.mark.parametrize(("variant", "dtype"), launch_params(EXPAND_VARIANTS))
 @pytest.mark.parametrize("y_offset", [0, 24])
 def test_triton_expand_matches_reference(

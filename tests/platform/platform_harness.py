@@ -83,6 +83,7 @@ def make_settings(data_dir: Path, model_dir: Path, database_url: str, **override
         "dtype": "float32",
         "max_model_len": MAX_MODEL_LEN,
         "max_num_seqs": 8,
+        "engine_process": False,  # a thread: fast to start, and tests may inspect the engine
         "jwt_secret": "test-secret-" + secrets.token_hex(32),
         "api_key_secret": "test-key-secret-" + secrets.token_hex(16),
         "usage_flush_interval_s": 0.2,

@@ -1,0 +1,175 @@
+"""Where the EngineCore loop runs: a thread of this process, or a process of its own.
+
+Both take `Command`s (`send`) and hand every `StepMessage` to a callback, called from a
+background thread of this process (AsyncEngine moves it onto its event loop).
+
+- `ThreadTransport` runs the loop beside the caller (tests, embedding the engine in-process).
+- `ProcessTransport` spawns a process that loads the model and runs the loop there, talking
+  over a pipe (vLLM v1's split): the engine's Python work (scheduling, input preparation,
+  detokenization) never competes with the web server's event loop for one interpreter. The
+  process is started with `spawn` (CUDA cannot be forked) and dies with its parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Protocol
+
+from loraplex.engine.config import EngineConfig
+from loraplex.engine.engine_core import Command, EngineCore, StepMessage
+from loraplex.engine.errors import EngineDeadError
+from loraplex.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+# How long a spawned core may take to load the model and report ready.
+START_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class CoreInfo:
+    """What AsyncEngine needs to know about the engine before the first request."""
+
+    max_model_len: int
+    vocab_size: int
+
+
+class CoreTransport(Protocol):
+    info: CoreInfo
+
+    def start(self, on_message: Callable[[StepMessage], None]) -> None: ...
+
+    def send(self, command: Command) -> None: ...
+
+    def join(self) -> None: ...
+
+    @property
+    def is_alive(self) -> bool: ...
+
+
+def _info(engine: LLMEngine) -> CoreInfo:
+    return CoreInfo(engine.max_model_len, engine.runner.arch.vocab_size)
+
+
+class ThreadTransport:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.info = _info(engine)
+        self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self, on_message: Callable[[StepMessage], None]) -> None:
+        core = EngineCore(self.engine, self._receive, on_message)
+        self._thread = threading.Thread(target=core.run, name="loraplex-engine", daemon=True)
+        self._thread.start()
+
+    def _receive(self, timeout: float | None) -> Command | None:
+        try:
+            return self._inbox.get(timeout=timeout) if timeout else self._inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def send(self, command: Command) -> None:
+        self._inbox.put(command)
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+def _core_main(config: EngineConfig, conn: Connection) -> None:
+    """The spawned process: load the engine, report ready, serve until Shutdown. It never stops
+    on a terminal's Ctrl-C (the server drains first, then sends Shutdown); if the server dies,
+    the pipe's end closes and the loop ends on the EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        engine = LLMEngine(config)
+    except BaseException as exc:
+        conn.send(exc)
+        raise
+    conn.send(_info(engine))
+
+    def receive(timeout: float | None) -> Command | None:
+        if not conn.poll(timeout or 0):
+            return None
+        command: Command = conn.recv()
+        return command
+
+    EngineCore(engine, receive, conn.send).run()
+    conn.close()
+
+
+class ProcessTransport:
+    def __init__(self, config: EngineConfig) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(
+            target=_core_main, args=(config, child), name="loraplex-engine-core", daemon=True
+        )
+        self._process.start()
+        child.close()
+        if not self._conn.poll(START_TIMEOUT_S):
+            self._process.kill()
+            raise EngineDeadError("the engine process did not start in time")
+        first = self._receive_or_dead()
+        if isinstance(first, BaseException):
+            self._process.join()
+            raise first
+        assert isinstance(first, CoreInfo)
+        self.info = first
+        self._send_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+
+    def _receive_or_dead(self) -> object:
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError) as exc:
+            raise EngineDeadError(f"the engine process exited ({exc!r})") from exc
+
+    def start(self, on_message: Callable[[StepMessage], None]) -> None:
+        def read() -> None:
+            while True:
+                try:
+                    message = self._conn.recv()
+                except (EOFError, OSError):
+                    if self._process.is_alive():
+                        self._process.join(timeout=5)
+                    code = self._process.exitcode
+                    on_message(StepMessage(died=f"the engine process exited (code {code})"))
+                    return
+                except Exception as exc:  # a message that cannot be read: nothing is reliable
+                    logger.exception("unreadable message from the engine process")
+                    self._process.kill()
+                    on_message(StepMessage(died=f"unreadable engine message: {exc!r}"))
+                    return
+                on_message(message)
+
+        self._reader = threading.Thread(target=read, name="loraplex-engine-reader", daemon=True)
+        self._reader.start()
+
+    def send(self, command: Command) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(command)
+        except (BrokenPipeError, OSError) as exc:
+            raise EngineDeadError("the engine process is gone") from exc
+
+    def join(self) -> None:
+        self._process.join()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
