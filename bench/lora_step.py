@@ -26,6 +26,9 @@ from loraplex.kernels.reference import lora as reference
 
 NUM_LAYERS = 32
 NUM_ADAPTERS = 8
+# Batch slots, as the engine sizes its mapping (max_num_seqs 256, no per-step cap): the 8
+# adapters fill the first slots, the rest are empty.
+NUM_SLOTS = 256
 ADAPTER_RANK = 16
 BLOCK_SIZE = 16
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
@@ -109,10 +112,14 @@ def create_adapter_pool(dtype: torch.dtype, device: torch.device) -> AdapterPool
     return pool
 
 
-def batch_slot_adapters(pool: AdapterPool) -> torch.Tensor:
-    """[NUM_ADAPTERS] int32: batch slot s -> the resident id of adapter NUM_ADAPTERS - 1 - s."""
+def batch_slot_adapters(pool: AdapterPool) -> tuple[torch.Tensor, torch.Tensor]:
+    """([NUM_SLOTS] int32: batch slot s -> the resident id of adapter NUM_ADAPTERS - 1 - s, the
+    rest 0; num_active_slots [1] = NUM_ADAPTERS)."""
     ids = [pool.resident_id(adapter_hash(NUM_ADAPTERS - 1 - s)) for s in range(NUM_ADAPTERS)]
-    return torch.tensor(ids, dtype=torch.int32, device=pool.device)
+    ids += [0] * (NUM_SLOTS - NUM_ADAPTERS)
+    device = pool.device
+    active = torch.tensor([NUM_ADAPTERS], dtype=torch.int32, device=device)
+    return torch.tensor(ids, dtype=torch.int32, device=device), active
 
 
 def create_base_weights(
@@ -144,9 +151,11 @@ class LoRAStep:
         self.workspace = workspace
         self.weights = weights
         token_slots = torch.arange(num_tokens, device=device) % NUM_ADAPTERS
-        self.sorted_token_ids, self.slot_start_loc = build_lora_mapping(token_slots, NUM_ADAPTERS)
-        self.slot_adapters = batch_slot_adapters(pool)
-        mapping = (self.sorted_token_ids, self.slot_start_loc, self.slot_adapters)
+        self.sorted_token_ids, self.slot_start_loc = build_lora_mapping(token_slots, NUM_SLOTS)
+        self.slot_adapters, self.num_active_slots = batch_slot_adapters(pool)
+        mapping = (
+            self.sorted_token_ids, self.slot_start_loc, self.slot_adapters, self.num_active_slots
+        )  # fmt: skip
         self.batch = LoRABatch(pool, workspace, *mapping, set(SLICES))
         self.x: dict[Projection, torch.Tensor] = {}
         self.y: dict[Projection, torch.Tensor] = {}
@@ -182,7 +191,9 @@ class LoRAStep:
         ok = True
         pool = self.pool
         residual = torch.zeros_like(self.residual, dtype=torch.float32)
-        mapping = (self.slot_adapters, self.sorted_token_ids, self.slot_start_loc)
+        mapping = (
+            self.slot_adapters, self.num_active_slots, self.sorted_token_ids, self.slot_start_loc
+        )  # fmt: skip
         for names in GROUPS:
             rows = group_slices(names)
             shape = (len(names), self.x[names].shape[0], self.workspace.max_rank)

@@ -18,6 +18,7 @@ from lora_step import (
     ADAPTER_RANK,
     GROUPS,
     NUM_ADAPTERS,
+    NUM_SLOTS,
     SHAPES,
     batch_slot_adapters,
     group_sizes,
@@ -64,13 +65,13 @@ def time_tile_candidates(pool: AdapterPool) -> dict[str, float]:
     `pool` (lora_step.create_adapter_pool)."""
     print("LoRA tile candidates: us per layer, each kernel alone (the tables' row first)")
     device, dtype = pool.device, pool.pages.dtype
-    slot_adapters = batch_slot_adapters(pool)
+    slot_adapters, num_active_slots = batch_slot_adapters(pool)
     results = {}
     for num_tokens, (shrinks, expands) in CANDIDATES.items():
         run = 1 if num_tokens <= 64 else 512
         token_slots = (torch.arange(num_tokens, device=device) // run) % NUM_ADAPTERS
-        ids, loc = build_lora_mapping(token_slots, NUM_ADAPTERS)
-        mapping = (slot_adapters, ids, loc)
+        ids, loc = build_lora_mapping(token_slots, NUM_SLOTS)
+        mapping = (slot_adapters, num_active_slots, ids, loc)
         shrink_calls, expand_calls = [], []
         for names in GROUPS:
             rows, sizes = group_slices(names), group_sizes(names)

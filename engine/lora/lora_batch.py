@@ -101,6 +101,7 @@ class LoRABatch:
     sorted_token_ids: torch.Tensor  # [num_tokens] int32
     slot_start_loc: torch.Tensor  # [max_batch_loras + 1] int32
     slot_adapters: torch.Tensor  # [max_batch_loras] int32: batch slot -> resident id
+    num_active_slots: torch.Tensor  # [1] int32: the step's adapters are slots [0, n)
     modules: set[str]  # modules some adapter of this step targets
     _buffer: torch.Tensor | None = field(default=None, init=False, repr=False)
     _first_launch: tuple[int, str] | None = field(default=None, init=False, repr=False)
@@ -150,6 +151,7 @@ class LoRABatch:
                 pool.first_a[slices],
                 pool.ranks[slices],
                 self.slot_adapters,
+                self.num_active_slots,
                 self.sorted_token_ids,
                 self.slot_start_loc,
                 shrunk.lora_out,
@@ -193,6 +195,7 @@ class LoRABatch:
             pool.ranks[shrunk.slices],
             pool.scalings,
             self.slot_adapters,
+            self.num_active_slots,
             self.sorted_token_ids,
             self.slot_start_loc,
             y,

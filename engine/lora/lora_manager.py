@@ -216,10 +216,11 @@ class LoRAManager:
             for h, item in zip(hashes, scheduled, strict=True)
             for _ in range(item.num_new_tokens)
         ]
-        slot_adapters = torch.zeros(self.max_batch_loras, dtype=torch.int32)
+        slot_adapters = torch.zeros(self.max_batch_loras + 1, dtype=torch.int32)
         slot_adapters[: len(adapters)] = torch.tensor(
             [self.pool.resident_id(h) for h in adapters], dtype=torch.int32
         )
+        slot_adapters[-1] = len(adapters)  # num_active_slots, riding on the same copy
         # Built on the host, then one copy: a handful of tiny CPU ops instead of as many GPU
         # launches (and a sort) ahead of every step.
         sorted_token_ids, slot_start_loc = build_lora_mapping(
@@ -231,7 +232,13 @@ class LoRAManager:
         slot_start_loc, slot_adapters, sorted_token_ids = on_device.split(sizes)
         modules = set().union(*(self._modules[h] for h in adapters))
         return LoRABatch(
-            self.pool, self.workspace, sorted_token_ids, slot_start_loc, slot_adapters, modules
+            self.pool,
+            self.workspace,
+            sorted_token_ids,
+            slot_start_loc,
+            slot_adapters[:-1],
+            slot_adapters[-1:],
+            modules,
         )
 
     def create_graph_batch(
@@ -239,12 +246,13 @@ class LoRAManager:
         sorted_token_ids: torch.Tensor,
         slot_start_loc: torch.Tensor,
         slot_adapters: torch.Tensor,
+        num_active_slots: torch.Tensor,
     ) -> LoRABatch:
         """A batch over static mapping buffers that launches for every module (CUDA graphs:
         the captured launches must serve whatever adapters a replayed step has)."""
         return LoRABatch(
             self.pool, self.workspace, sorted_token_ids, slot_start_loc, slot_adapters,
-            set(SLICES),
+            num_active_slots, set(SLICES),
         )  # fmt: skip
 
     def get_stats(self) -> LoRAStats:

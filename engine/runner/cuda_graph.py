@@ -52,6 +52,7 @@ class CUDAGraphRunner:
         max_batch_loras = lora_manager.max_batch_loras if lora_manager else 1
         self.slot_start_loc = torch.zeros(max_batch_loras + 1, dtype=torch.int32, device=device)
         self.slot_adapters = torch.zeros(max_batch_loras, dtype=torch.int32, device=device)
+        self.num_active_slots = torch.zeros(1, dtype=torch.int32, device=device)
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     @property
@@ -71,7 +72,10 @@ class CUDAGraphRunner:
         if with_lora:
             assert self.lora_manager is not None
             lora = self.lora_manager.create_graph_batch(
-                self.sorted_token_ids[:size], self.slot_start_loc, self.slot_adapters
+                self.sorted_token_ids[:size],
+                self.slot_start_loc,
+                self.slot_adapters,
+                self.num_active_slots,
             )
         return ForwardContext(attn, self.kv_caches, lora)
 
@@ -115,6 +119,7 @@ class CUDAGraphRunner:
             self.sorted_token_ids[:n].copy_(lora.sorted_token_ids)
             self.slot_start_loc.copy_(lora.slot_start_loc)
             self.slot_adapters.copy_(lora.slot_adapters)
+            self.num_active_slots.copy_(lora.num_active_slots)
         graph, out = self._graphs[(size, lora is not None)]
         graph.replay()
         return out[:n]

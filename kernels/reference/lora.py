@@ -19,7 +19,8 @@ with rows_per_page = max(1, page_size // row_len), pages_per_row = cdiv(row_len,
 (engine/lora/page_layout.py writes this layout).
 
 Batch. Tokens are grouped by batch slot: slot s owns sorted_token_ids[slot_start_loc[s]:
-slot_start_loc[s + 1]] and its adapter is `slot_adapters[s]`. With r = ranks[i, slot_adapters[s]]
+slot_start_loc[s + 1]] and its adapter is `slot_adapters[s]`; slots from `num_active_slots[0]` on
+are empty (the kernels skip them without looking). With r = ranks[i, slot_adapters[s]]
 and token t of slot s:
 
     shrink:  out[:] = 0 (if zero_out);   out[i, t, :r] += x[t] @ A_i[:r].T
@@ -68,10 +69,12 @@ def _check_mapping(
     first_page: torch.Tensor,
     lora_ranks: torch.Tensor,
     slot_adapters: torch.Tensor,
+    num_active_slots: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
 ) -> None:
     num_adapters = page_table.shape[0]
+    assert num_active_slots.shape == (1,), "num_active_slots must be [1]"
     assert first_page.shape == lora_ranks.shape == (num_slices, num_adapters), (
         "first_page and lora_ranks must be [num_slices, num_adapters]"
     )
@@ -80,13 +83,16 @@ def _check_mapping(
 
 
 def _segments(
-    slot_adapters: torch.Tensor, slot_start_loc: torch.Tensor, sorted_token_ids: torch.Tensor
+    slot_adapters: torch.Tensor,
+    num_active_slots: torch.Tensor,
+    slot_start_loc: torch.Tensor,
+    sorted_token_ids: torch.Tensor,
 ) -> list[tuple[int, torch.Tensor]]:
-    """(adapter, token ids) of every batch slot that has tokens."""
+    """(adapter, token ids) of every active batch slot that has tokens."""
     starts, adapters = slot_start_loc.tolist(), slot_adapters.tolist()
     return [
         (adapters[s], sorted_token_ids[starts[s] : starts[s + 1]].to(torch.int64))
-        for s in range(len(adapters))
+        for s in range(min(int(num_active_slots[0]), len(adapters)))
         if starts[s + 1] > starts[s]
     ]
 
@@ -98,6 +104,7 @@ def lora_shrink(
     first_page: torch.Tensor,  # [num_slices, num_adapters] int32: first page of A_i
     lora_ranks: torch.Tensor,  # [num_slices, num_adapters] int32
     slot_adapters: torch.Tensor,  # [num_slots] int32
+    num_active_slots: torch.Tensor,  # [1] int32
     sorted_token_ids: torch.Tensor,  # [num_tokens] int32
     slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
     out: torch.Tensor,  # [num_slices, num_tokens, max_rank] float32
@@ -109,12 +116,17 @@ def lora_shrink(
     in_dim = x.shape[1]
     assert x.dim() == 2 and x.shape[0] == num_tokens, "x must be [num_tokens, in_dim]"
     assert out.dtype == torch.float32, "out must be float32"
-    mapping = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    mapping = (
+        page_table, first_page, lora_ranks, slot_adapters, num_active_slots, sorted_token_ids,
+        slot_start_loc,
+    )  # fmt: skip
     _check_mapping(num_tokens, num_slices, *mapping)
     if zero_out:
         out.zero_()
     ranks, firsts = lora_ranks.tolist(), first_page.tolist()
-    for adapter, token_ids in _segments(slot_adapters, slot_start_loc, sorted_token_ids):
+    for adapter, token_ids in _segments(
+        slot_adapters, num_active_slots, slot_start_loc, sorted_token_ids
+    ):
         xs = x.index_select(0, token_ids).float()  # [n, in_dim]
         for i in range(num_slices):
             rank = ranks[i][adapter]
@@ -132,6 +144,7 @@ def lora_expand(
     lora_ranks: torch.Tensor,  # [num_slices, num_adapters] int32
     scalings: torch.Tensor,  # [num_adapters] float32
     slot_adapters: torch.Tensor,  # [num_slots] int32
+    num_active_slots: torch.Tensor,  # [1] int32
     sorted_token_ids: torch.Tensor,  # [num_tokens] int32
     slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
     y: torch.Tensor,  # [num_tokens, y_dim]
@@ -146,11 +159,16 @@ def lora_expand(
     assert y.dim() == 2 and y.shape[0] == num_tokens, "y must be [num_tokens, y_dim]"
     assert y_offset >= 0 and y_offset + sum(slice_sizes) <= y.shape[1], "y_offset out of range"
     assert scalings.shape == (page_table.shape[0],), "scalings must be [num_adapters]"
-    mapping = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    mapping = (
+        page_table, first_page, lora_ranks, slot_adapters, num_active_slots, sorted_token_ids,
+        slot_start_loc,
+    )  # fmt: skip
     _check_mapping(num_tokens, num_slices, *mapping)
     ranks, firsts, scale = lora_ranks.tolist(), first_page.tolist(), scalings.tolist()
     starts = [y_offset + sum(slice_sizes[:i]) for i in range(num_slices)]
-    for adapter, token_ids in _segments(slot_adapters, slot_start_loc, sorted_token_ids):
+    for adapter, token_ids in _segments(
+        slot_adapters, num_active_slots, slot_start_loc, sorted_token_ids
+    ):
         lo = lora_out.index_select(1, token_ids).float()  # [num_slices, n, max_rank]
         for i, size in enumerate(slice_sizes):
             rank = ranks[i][adapter]

@@ -49,6 +49,7 @@ from loraplex.kernels.triton.launch_checks import check, check_one_device
 from loraplex.kernels.triton.lora_pages import matrix_ptrs, page_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
+    past_last_tile,
     rank_block,
     segment_grid,
     segment_tile,
@@ -110,10 +111,10 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     lora_ranks_ptr,
     scalings_ptr,
     slot_adapters_ptr,
+    num_active_slots_ptr,
     sorted_token_ids_ptr,
     slot_start_loc_ptr,
     y_ptr,
-    num_slots,
     page_size,
     slice_end_0,
     slice_end_1,
@@ -135,12 +136,17 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
 ):
     pid_n = tl.program_id(1)
     slice_id = tl.program_id(2)
+    past, num_active = past_last_tile(
+        tl.program_id(0), slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M
+    )
+    if past:
+        return
     adapter, m_start, seg_end, rank = segment_tile(
         tl.program_id(0),
         slot_start_loc_ptr,
         slot_adapters_ptr,
         lora_ranks_ptr + slice_id * stride_rs,
-        num_slots,
+        num_active,
         BLOCK_M,
         SLOTS,
     )
@@ -191,6 +197,7 @@ def _check_args(
     lora_ranks: torch.Tensor,
     scalings: torch.Tensor,
     slot_adapters: torch.Tensor,
+    num_active_slots: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
     y: torch.Tensor,
@@ -213,7 +220,15 @@ def _check_args(
         scalings.shape == (num_adapters,) and scalings.dtype == torch.float32,
         "scalings must be float32 [num_adapters]",
     )
-    mapping = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    mapping = (
+        page_table,
+        first_page,
+        lora_ranks,
+        slot_adapters,
+        num_active_slots,
+        sorted_token_ids,
+        slot_start_loc,
+    )
     check_lora_mapping(OP, num_tokens, num_slices, *mapping)
     check(OP, lora_out.stride(2) == 1 and y.stride(1) == 1, "lora_out and y need contiguous rows")
     check(OP, pages.stride(1) == 1, "pages need contiguous rows")
@@ -228,6 +243,7 @@ def lora_expand(
     lora_ranks: torch.Tensor,  # [num_slices, num_adapters] int32
     scalings: torch.Tensor,  # [num_adapters] float32
     slot_adapters: torch.Tensor,  # [num_slots] int32
+    num_active_slots: torch.Tensor,  # [1] int32: slots from it on are empty
     sorted_token_ids: torch.Tensor,  # [num_tokens] int32
     slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
     y: torch.Tensor,  # [num_tokens, y_dim]
@@ -238,7 +254,7 @@ def lora_expand(
     slice i (o_i = sum(slice_sizes[:i]), j < slice_sizes[i]) and token t of an adapter's
     segment. One launch for all slices, with EXPAND_TILES' row for the number of tokens."""
     tiles = EXPAND_TILES.lookup(y.shape[0])
-    tables = (page_table, first_page, lora_ranks, scalings, slot_adapters)
+    tables = (page_table, first_page, lora_ranks, scalings, slot_adapters, num_active_slots)
     mapping = (sorted_token_ids, slot_start_loc)
     launch_lora_expand(lora_out, pages, *tables, *mapping, y, y_offset, slice_sizes, tiles)
 
@@ -251,6 +267,7 @@ def launch_lora_expand(
     lora_ranks: torch.Tensor,
     scalings: torch.Tensor,
     slot_adapters: torch.Tensor,
+    num_active_slots: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
     y: torch.Tensor,
@@ -259,7 +276,7 @@ def launch_lora_expand(
     tiles: ExpandTiles,
 ) -> None:
     """`lora_expand` with the given tiles instead of the table's."""
-    tables = (page_table, first_page, lora_ranks, scalings, slot_adapters)
+    tables = (page_table, first_page, lora_ranks, scalings, slot_adapters, num_active_slots)
     mapping = (sorted_token_ids, slot_start_loc)
     _check_args(lora_out, pages, *tables, *mapping, y, y_offset, slice_sizes)
     num_slices, num_tokens, max_rank = lora_out.shape
@@ -279,10 +296,10 @@ def launch_lora_expand(
         lora_ranks,
         scalings,
         slot_adapters,
+        num_active_slots,
         sorted_token_ids,
         slot_start_loc,
         y,
-        num_slots,
         page_size,
         *slice_ends(slice_sizes),
         y_offset,

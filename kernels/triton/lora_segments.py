@@ -13,7 +13,10 @@ slice's ranks of the slots' adapters, loaded as vectors:
 
 The number of tiles launched depends on shapes only, never on the mapping's values (CUDA-graph
 friendly): num_tokens // BLOCK_M + min(num_slots, num_tokens) bounds the tiles of any mapping,
-since each segment adds at most one partial tile.
+since each segment adds at most one partial tile. Slots from `num_active_slots` on are empty, so
+the step's real bound is (its adapted tokens) // BLOCK_M + num_active_slots: programs past it
+(most of a decode step's, whose grid is sized for a slot per token) leave after two scalar loads
+(`past_last_tile`), before the vector work of `segment_tile`.
 """
 
 from __future__ import annotations
@@ -38,20 +41,30 @@ def rank_block(max_rank: int, max_block: int) -> int:
 
 
 @triton.jit
+def past_last_tile(  # type: ignore[no-untyped-def]
+    tile, slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M: tl.constexpr
+):
+    """(True if no segment can own `tile`, the number of active slots)."""
+    num_active = tl.load(num_active_slots_ptr)
+    num_adapted = tl.load(slot_start_loc_ptr + num_active)  # tokens of the active slots
+    return tile >= num_adapted // BLOCK_M + num_active, num_active
+
+
+@triton.jit
 def segment_tile(  # type: ignore[no-untyped-def]
     tile,
     slot_start_loc_ptr,
     slot_adapters_ptr,
     ranks_ptr,  # one slice's ranks, per adapter: [num_adapters]
-    num_slots,
+    num_active,
     BLOCK_M: tl.constexpr,
-    SLOTS: tl.constexpr,  # num_slots rounded up to a power of two
+    SLOTS: tl.constexpr,  # the number of slots rounded up to a power of two
 ):
     """(adapter, m_start, seg_end, rank) of a segment tile: tokens sorted_token_ids[m_start:
     min(m_start + BLOCK_M, seg_end)] of one slot, whose adapter has rank `rank` for the slice.
     No work when m_start >= seg_end (and adapter is then meaningless)."""
     offs = tl.arange(0, SLOTS)
-    valid = offs < num_slots
+    valid = offs < num_active
     starts = tl.load(slot_start_loc_ptr + offs, mask=valid, other=0)
     ends = tl.load(slot_start_loc_ptr + offs + 1, mask=valid, other=0)
     adapters = tl.load(slot_adapters_ptr + offs, mask=valid, other=0)
@@ -87,6 +100,7 @@ def check_lora_mapping(
     first_page: torch.Tensor,
     lora_ranks: torch.Tensor,
     slot_adapters: torch.Tensor,
+    num_active_slots: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
 ) -> None:
@@ -100,10 +114,12 @@ def check_lora_mapping(
     num_slots = slot_adapters.shape[0]
     check(op, sorted_token_ids.shape == (num_tokens,), "sorted_token_ids must be [num_tokens]")
     check(op, slot_start_loc.shape == (num_slots + 1,), "slot_start_loc must be [num_slots + 1]")
+    check(op, num_active_slots.shape == (1,), "num_active_slots must be [1]")
     for name, t in (
         ("sorted_token_ids", sorted_token_ids),
         ("slot_start_loc", slot_start_loc),
         ("slot_adapters", slot_adapters),
+        ("num_active_slots", num_active_slots),
     ):
         check(op, t.dtype == torch.int32 and t.is_contiguous(), f"{name} must be contiguous int32")
     for name, t in (

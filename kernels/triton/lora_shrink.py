@@ -59,6 +59,7 @@ from loraplex.kernels.triton.launch_checks import check, check_one_device
 from loraplex.kernels.triton.lora_pages import matrix_ptrs, page_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
+    past_last_tile,
     rank_block,
     segment_grid,
     segment_tile,
@@ -106,12 +107,12 @@ def _lora_shrink_kernel(  # type: ignore[no-untyped-def]
     first_page_ptr,
     lora_ranks_ptr,
     slot_adapters_ptr,
+    num_active_slots_ptr,
     sorted_token_ids_ptr,
     slot_start_loc_ptr,
     out_ptr,
     in_dim,
     page_size,
-    num_slots,
     num_rank_tiles,
     stride_xm,
     stride_pp,
@@ -132,12 +133,17 @@ def _lora_shrink_kernel(  # type: ignore[no-untyped-def]
     pid_k = tl.program_id(1) // num_rank_tiles
     n_start = (tl.program_id(1) % num_rank_tiles) * BLOCK_N
     slice_id = tl.program_id(2)
+    past, num_active = past_last_tile(
+        tl.program_id(0), slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M
+    )
+    if past:
+        return
     adapter, m_start, seg_end, rank = segment_tile(
         tl.program_id(0),
         slot_start_loc_ptr,
         slot_adapters_ptr,
         lora_ranks_ptr + slice_id * stride_rs,
-        num_slots,
+        num_active,
         BLOCK_M,
         SLOTS,
     )
@@ -187,6 +193,7 @@ def _check_args(
     first_page: torch.Tensor,
     lora_ranks: torch.Tensor,
     slot_adapters: torch.Tensor,
+    num_active_slots: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
     out: torch.Tensor,
@@ -198,7 +205,15 @@ def _check_args(
     check(OP, x.dtype in (torch.float16, torch.bfloat16, torch.float32), f"bad dtype {x.dtype}")
     check(OP, out.shape[1] == num_tokens, "out must be [num_slices, num_tokens, max_rank]")
     check(OP, out.dtype == torch.float32, "out dtype must be float32 (split-K adds atomically)")
-    mapping = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    mapping = (
+        page_table,
+        first_page,
+        lora_ranks,
+        slot_adapters,
+        num_active_slots,
+        sorted_token_ids,
+        slot_start_loc,
+    )
     check_lora_mapping(OP, num_tokens, num_slices, *mapping)
     check(OP, x.stride(1) == 1 and out.stride(2) == 1, "x and out need contiguous rows")
     check(OP, pages.stride(1) == 1, "pages need contiguous rows")
@@ -212,6 +227,7 @@ def lora_shrink(
     first_page: torch.Tensor,  # [num_slices, num_adapters] int32: first page of A_i
     lora_ranks: torch.Tensor,  # [num_slices, num_adapters] int32
     slot_adapters: torch.Tensor,  # [num_slots] int32
+    num_active_slots: torch.Tensor,  # [1] int32: slots from it on are empty
     sorted_token_ids: torch.Tensor,  # [num_tokens] int32
     slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
     out: torch.Tensor,  # [num_slices, num_tokens, max_rank] float32
@@ -221,7 +237,15 @@ def lora_shrink(
     slice i and token t of an adapter's segment. One launch for all slices, with SHRINK_TILES'
     row for the number of tokens."""
     tiles = SHRINK_TILES.lookup(x.shape[0])
-    tables = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    tables = (
+        page_table,
+        first_page,
+        lora_ranks,
+        slot_adapters,
+        num_active_slots,
+        sorted_token_ids,
+        slot_start_loc,
+    )
     launch_lora_shrink(x, pages, *tables, out, zero_out, tiles)
 
 
@@ -232,6 +256,7 @@ def launch_lora_shrink(
     first_page: torch.Tensor,
     lora_ranks: torch.Tensor,
     slot_adapters: torch.Tensor,
+    num_active_slots: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
     out: torch.Tensor,
@@ -239,7 +264,15 @@ def launch_lora_shrink(
     tiles: ShrinkTiles,
 ) -> None:
     """`lora_shrink` with the given tiles instead of the table's."""
-    tables = (page_table, first_page, lora_ranks, slot_adapters, sorted_token_ids, slot_start_loc)
+    tables = (
+        page_table,
+        first_page,
+        lora_ranks,
+        slot_adapters,
+        num_active_slots,
+        sorted_token_ids,
+        slot_start_loc,
+    )
     _check_args(x, pages, *tables, out)
     num_tokens, in_dim = x.shape
     num_slices, _, max_rank = out.shape
@@ -264,12 +297,12 @@ def launch_lora_shrink(
         first_page,
         lora_ranks,
         slot_adapters,
+        num_active_slots,
         sorted_token_ids,
         slot_start_loc,
         out,
         in_dim,
         page_size,
-        num_slots,
         num_rank_tiles,
         x.stride(0),
         pages.stride(0),

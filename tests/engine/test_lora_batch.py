@@ -137,7 +137,8 @@ def test_begin_finish_add_each_adapters_deltas(
     ids, loc = build_lora_mapping(token_slots, 4)
     ws = LoRAWorkspace(ARCH.num_hidden_layers, 8, device, max_tokens=WORKSPACE_SIZES[workspace])
     modules = set().union(*(a.target_modules for a in adapters.values()))
-    batch = LoRABatch(pool, ws, ids, loc, slot_adapters, modules)
+    num_active = torch.tensor([len(rids)], dtype=torch.int32, device=device)
+    batch = LoRABatch(pool, ws, ids, loc, slot_adapters, num_active, modules)
     uses_workspace = workspace == "step-workspace"
     assert (ws.for_step(len(token_adapters)) is not None) == uses_workspace
     for forward in range(2):  # replays of one batch, as a CUDA graph does

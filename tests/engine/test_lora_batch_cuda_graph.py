@@ -2,7 +2,7 @@
 
 As the engine's decode graphs run it (engine/runner/cuda_graph.py): the batch comes from
 `LoRAManager.create_graph_batch` over static mapping buffers (sorted_token_ids, slot_start_loc,
-slot_adapters), every projection of every layer calls `begin` (the shrink; on the side stream at
+slot_adapters, num_active_slots), every projection of every layer calls `begin` (the shrink; on the side stream at
 <= 64 tokens), the base GEMM, then `finish`, and o_proj's and down_proj's deltas go into a
 residual stream. After capture the test changes the manager's AdapterPool: it evicts an adapter
 and uploads another, which takes the evicted one's resident id (its row of the tables), then one
@@ -34,7 +34,7 @@ from loraplex.engine.lora.lora_batch import LoRABatch
 from loraplex.engine.lora.lora_manager import LoRAManager
 from loraplex.engine.lora.page_layout import SLICES, pack_adapter, plan_layout
 from loraplex.kernels import build_lora_mapping
-from tests.kernels.llama3_shapes import GPU_DTYPES, ROUNDED, assert_close
+from tests.kernels.llama3_shapes import GPU_DTYPES, ROUNDED, Tolerance, assert_close
 
 pytestmark = pytest.mark.gpu
 
@@ -191,7 +191,13 @@ class DecodeProjections:
                 assert_close(y, base, ROUNDED[y.dtype])
                 actual, before = self.residual[(layer, names)], self.residual_before[(layer, names)]
             expected = before.double() + expected_delta(token_adapters, layer, names, x, y.dtype)
-            assert_close(actual.double(), expected, ROUNDED[y.dtype])
+            assert_close(actual.double(), expected, DELTA_ADDED[y.dtype])
+
+
+# y after the expand: the base output's rounding plus the delta's, whose rank-r intermediate the
+# kernel casts to the weights' dtype for the tensor-core dot (up to rank 64 here), then y's
+# rounding again: in bf16 a few units in the last place of values up to ~4.
+DELTA_ADDED = {**ROUNDED, torch.bfloat16: Tolerance(atol=5e-2, rtol=2e-2)}
 
 
 class GraphMapping:
@@ -201,6 +207,7 @@ class GraphMapping:
         self.sorted_token_ids = torch.zeros(num_tokens, dtype=torch.int32, device=CUDA)
         self.slot_start_loc = torch.zeros(MAX_BATCH_LORAS + 1, dtype=torch.int32, device=CUDA)
         self.slot_adapters = torch.zeros(MAX_BATCH_LORAS, dtype=torch.int32, device=CUDA)
+        self.num_active_slots = torch.zeros(1, dtype=torch.int32, device=CUDA)
         self.token_adapters: list[LoRAAdapter | None] = []
 
     def set(self, pool: AdapterPool, slots: list[LoRAAdapter], token_slots: torch.Tensor) -> None:
@@ -211,6 +218,7 @@ class GraphMapping:
         resident = [pool.resident_id(a.content_hash) for a in slots]
         resident += [0] * (MAX_BATCH_LORAS - len(slots))
         self.slot_adapters.copy_(torch.tensor(resident, dtype=torch.int32))
+        self.num_active_slots.fill_(len(slots))
         self.token_adapters = [None if s < 0 else slots[s] for s in token_slots.tolist()]
 
 
@@ -247,7 +255,10 @@ def test_lora_batch_graph_replays_new_mappings_and_adapters(
     # Slot s is not resident id s: slots (a2, a0, a1) -> ids (2, 0, 1).
     mapping.set(pool, [a2, a0, a1], cycle(num_tokens, [0, 1, 2, -1]))
     batch = manager.create_graph_batch(
-        mapping.sorted_token_ids, mapping.slot_start_loc, mapping.slot_adapters
+        mapping.sorted_token_ids,
+        mapping.slot_start_loc,
+        mapping.slot_adapters,
+        mapping.num_active_slots,
     )
     step = DecodeProjections(num_tokens, dtype)
     graph = capture(step, batch)

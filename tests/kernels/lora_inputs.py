@@ -140,6 +140,7 @@ class LoRAKernelInputs:
     lora_ranks: torch.Tensor  # [num_slices, num_adapters] int32
     scalings: torch.Tensor  # [num_adapters] float32
     slot_adapters: torch.Tensor  # [num_slots] int32
+    num_active_slots: torch.Tensor  # [1] int32: every slot (some without tokens)
     sorted_token_ids: torch.Tensor  # [num_tokens] int32
     slot_start_loc: torch.Tensor  # [num_slots + 1] int32
     slice_sizes: tuple[int, ...]
@@ -150,9 +151,9 @@ class LoRAKernelInputs:
     lora_b_t: list[list[torch.Tensor]]
 
     @property
-    def mapping(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """slot_adapters, sorted_token_ids, slot_start_loc."""
-        return self.slot_adapters, self.sorted_token_ids, self.slot_start_loc
+    def mapping(self) -> tuple[torch.Tensor, ...]:
+        """slot_adapters, num_active_slots, sorted_token_ids, slot_start_loc."""
+        return self.slot_adapters, self.num_active_slots, self.sorted_token_ids, self.slot_start_loc
 
     @property
     def shrink_tables(self) -> tuple[torch.Tensor, ...]:
@@ -285,6 +286,7 @@ def make_inputs(
         lora_ranks=i32(lora_ranks),
         scalings=scalings.to(device),
         slot_adapters=i32(rows),
+        num_active_slots=i32([len(rows)]),
         sorted_token_ids=ids,
         slot_start_loc=loc,
         slice_sizes=case.slice_sizes,
@@ -299,7 +301,8 @@ def copy_inputs(dst: LoRAKernelInputs, src: LoRAKernelInputs) -> None:
     """Copy every tensor of `src` into `dst`'s (same shapes): a new batch in place."""
     for name in (
         "x", "pages", "page_table", "first_a", "first_b", "lora_ranks", "scalings",
-        "slot_adapters", "sorted_token_ids", "slot_start_loc", "token_lora_slots",
+        "slot_adapters", "num_active_slots", "sorted_token_ids", "slot_start_loc",
+        "token_lora_slots",
     ):  # fmt: skip
         getattr(dst, name).copy_(getattr(src, name))
     dst.lora_a, dst.lora_b_t = src.lora_a, src.lora_b_t

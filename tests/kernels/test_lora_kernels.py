@@ -208,7 +208,7 @@ def test_triton_launchers_reject_bad_inputs(
     case = lora_case([[8], [8]], [3], 0, 8, (16, 16), page_size=64)
     inputs = make_inputs(case, torch.float32, device)
     x, tables = inputs.x, inputs.shrink_tables
-    pages, page_table, first_a, ranks, slot_adapters, ids, loc = tables
+    pages, page_table, first_a, ranks, slot_adapters, num_active, ids, loc = tables
     out = torch.zeros(inputs.shape, device=device)
     with pytest.raises(ValueError, match="dtype"):
         triton_kernels.lora_shrink(x.half(), *tables, out)
@@ -217,9 +217,11 @@ def test_triton_launchers_reject_bad_inputs(
     with pytest.raises(ValueError, match="float32"):
         triton_kernels.lora_shrink(x, *tables, out.half())
     with pytest.raises(ValueError, match="sorted_token_ids must be contiguous int32"):
-        triton_kernels.lora_shrink(x, *tables[:5], ids.long(), loc, out)
+        triton_kernels.lora_shrink(x, *tables[:6], ids.long(), loc, out)
     with pytest.raises(ValueError, match="slot_adapters must be contiguous int32"):
-        triton_kernels.lora_shrink(x, *tables[:4], slot_adapters.long(), ids, loc, out)
+        triton_kernels.lora_shrink(x, *tables[:4], slot_adapters.long(), *tables[5:], out)
+    with pytest.raises(ValueError, match="num_active_slots must be"):
+        triton_kernels.lora_shrink(x, *tables[:5], num_active.repeat(2), ids, loc, out)
     with pytest.raises(ValueError, match="page_table must be int32"):
         triton_kernels.lora_shrink(x, pages, page_table.long(), *tables[2:], out)
     with pytest.raises(ValueError, match="lora_ranks"):
@@ -227,7 +229,7 @@ def test_triton_launchers_reject_bad_inputs(
     with pytest.raises(ValueError, match="first_page"):
         triton_kernels.lora_shrink(x, pages, page_table, first_a[:, :1], *tables[3:], out)
     with pytest.raises(ValueError, match="slot_start_loc"):
-        triton_kernels.lora_shrink(x, *tables[:6], loc[:-1], out)
+        triton_kernels.lora_shrink(x, *tables[:7], loc[:-1], out)
     y = torch.zeros(3, 32, device=device)
     args = (out, *inputs.expand_tables, y)
     with pytest.raises(ValueError, match="y_offset"):
@@ -264,3 +266,25 @@ def test_tile_tables_and_tiles_reject_bad_data() -> None:
         ShrinkTiles(16, block_k=64, k_chunk=96, max_block_n=16, num_warps=4, num_stages=2)
     with pytest.raises(ValueError, match="power of two"):
         ExpandTiles(16, block_n=96, max_block_k=16, num_warps=4, num_stages=2)
+
+
+def test_slots_past_the_active_ones_cost_nothing_and_change_nothing(
+    triton_kernels: ModuleType, device: torch.device
+) -> None:
+    """As the engine fills its mapping: the step's adapters in the first slots, every other
+    slot empty, `num_active_slots` = how many are used (the kernels' programs past the step's
+    tiles leave at once). The same results as with every slot declared active."""
+    sizes = (40, 24)
+    case = lora_case([[8, 16, 4, 4, 4, 4], [16, 8, 4, 4, 4, 4]], [5, 9, 0, 0, 0, 0], 3, 16,
+                     sizes, page_size=64)  # fmt: skip
+    inputs = make_inputs(case, torch.float32, device)
+    results = {}
+    for name, impl, active in (("reference", reference, 6), ("triton", triton_kernels, 2)):
+        inputs.num_active_slots.fill_(active)
+        out = torch.full(inputs.shape, SENTINEL, device=device)
+        impl.lora_shrink(inputs.x, *inputs.shrink_tables, out)
+        y = torch.ones(inputs.x.shape[0], sum(sizes), device=device)
+        impl.lora_expand(out, *inputs.expand_tables, y, 0, sizes)
+        results[name] = (out, y)
+    for got, want in zip(results["triton"], results["reference"], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-2)
