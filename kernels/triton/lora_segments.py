@@ -30,9 +30,11 @@ from loraplex.kernels.triton.tile_table import MIN_DOT_DIM
 
 
 def segment_grid(num_tokens: int, num_slots: int, block_m: int) -> tuple[int, int]:
-    """(number of segment tiles to launch, SLOTS: num_slots rounded up to a power of two)."""
-    slots = max(2, triton.next_power_of_2(num_slots))
-    return num_tokens // block_m + min(num_slots, num_tokens), slots
+    """(number of segment tiles to launch, SLOTS: the vector width of `segment_tile`, which
+    covers the slots that can hold tokens: at most one per token, so min(num_slots, num_tokens)
+    rounded up to a power of two; a decode step of 64 tokens looks at 64 slots, not 256)."""
+    bound = min(num_slots, num_tokens)
+    return num_tokens // block_m + bound, max(2, triton.next_power_of_2(bound))
 
 
 def rank_block(max_rank: int, max_block: int) -> int:
