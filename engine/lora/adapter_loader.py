@@ -2,7 +2,7 @@
 
 A load reads and validates the PEFT directory (engine/lora/adapter.py), then packs its weights
 into the page layout they will have on the GPU (engine/lora/page_layout.py), in the model's
-dtype and, on CUDA hosts, in pinned memory: the upload to the GPU is then one asynchronous copy.
+dtype, in ordinary host memory (engine/lora/adapter_uploader.py stages the copy to the GPU).
 """
 
 from __future__ import annotations
@@ -14,13 +14,18 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.engine.errors import InvalidAdapterError
-from loraplex.engine.lora.adapter import ArchLike, load_lora_adapter, lora_module_shapes
+from loraplex.engine.lora.adapter import (
+    ArchLike,
+    has_non_finite,
+    load_lora_adapter,
+    lora_module_shapes,
+)
 from loraplex.engine.lora.page_layout import AdapterPageLayout, pack_adapter, plan_layout
 from loraplex.engine.request import LoRARequest
 
 # Disk reads and packing overlap each other and the engine's steps (torch ops and file reads
 # release the GIL); more threads than this only compete for the same disk and memory bandwidth.
-NUM_LOAD_THREADS = 2
+NUM_LOAD_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -41,13 +46,11 @@ class AdapterLoader:
         max_lora_rank: int,
         page_size: int,
         dtype: torch.dtype,
-        pin_memory: bool,
     ) -> None:
         self.arch = arch
         self.max_lora_rank = max_lora_rank
         self.page_size = page_size
         self.dtype = dtype
-        self.pin_memory = pin_memory
         self.module_shapes = lora_module_shapes(arch)
         self._executor = ThreadPoolExecutor(NUM_LOAD_THREADS, thread_name_prefix="lora-load")
 
@@ -65,10 +68,10 @@ class AdapterLoader:
             adapter.rank, adapter.target_modules, self.module_shapes, self.page_size
         )
         packed = pack_adapter(
-            adapter, layout, self.arch.num_hidden_layers, self.page_size, self.dtype,
-            pin_memory=self.pin_memory,
-        )  # fmt: skip
-        if not torch.isfinite(packed).all():  # e.g. fp32 weights beyond the model dtype's range
+            adapter, layout, self.arch.num_hidden_layers, self.page_size, self.dtype
+        )
+        converted = any(a.dtype != self.dtype for a, _ in adapter.weights.values())
+        if converted and has_non_finite(packed):  # fp32 weights beyond the model dtype's range
             raise InvalidAdapterError(
                 f"{lora_request.lora_path}: weights overflow the model's dtype {self.dtype}"
             )
