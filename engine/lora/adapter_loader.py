@@ -2,7 +2,7 @@
 
 A load reads and validates the PEFT directory (engine/lora/adapter.py), then packs its weights
 into the page layout they will have on the GPU (engine/lora/page_layout.py), in the model's
-dtype, in ordinary host memory (engine/lora/adapter_uploader.py stages the copy to the GPU).
+dtype and, on CUDA hosts, in pinned memory: the upload to the GPU is then one asynchronous copy.
 """
 
 from __future__ import annotations
@@ -46,11 +46,13 @@ class AdapterLoader:
         max_lora_rank: int,
         page_size: int,
         dtype: torch.dtype,
+        pin_memory: bool,
     ) -> None:
         self.arch = arch
         self.max_lora_rank = max_lora_rank
         self.page_size = page_size
         self.dtype = dtype
+        self.pin_memory = pin_memory
         self.module_shapes = lora_module_shapes(arch)
         self._executor = ThreadPoolExecutor(NUM_LOAD_THREADS, thread_name_prefix="lora-load")
 
@@ -68,8 +70,9 @@ class AdapterLoader:
             adapter.rank, adapter.target_modules, self.module_shapes, self.page_size
         )
         packed = pack_adapter(
-            adapter, layout, self.arch.num_hidden_layers, self.page_size, self.dtype
-        )
+            adapter, layout, self.arch.num_hidden_layers, self.page_size, self.dtype,
+            pin_memory=self.pin_memory,
+        )  # fmt: skip
         converted = any(a.dtype != self.dtype for a, _ in adapter.weights.values())
         if converted and has_non_finite(packed):  # fp32 weights beyond the model dtype's range
             raise InvalidAdapterError(

@@ -11,7 +11,7 @@ resident id: its row in the device tables the LoRA kernels read.
 
 States of a resident adapter:
 
-    uploading   the copy runs (engine/lora/adapter_uploader.py); not evictable, not usable yet
+    uploading   the copy runs on the copy stream; not evictable, not usable yet
     ready       the copy's event completed: requests with it may be scheduled
     pinned      ready, with requests running (scheduled) on it: not evictable
 
@@ -24,14 +24,12 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Collection
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
 
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.lora.adapter_loader import CpuAdapter
-from loraplex.engine.lora.adapter_uploader import AdapterUploader, UploadJob
 from loraplex.engine.lora.page_layout import NUM_SLICES
 
 
@@ -39,9 +37,7 @@ from loraplex.engine.lora.page_layout import NUM_SLICES
 class _Resident:
     resident_id: int
     num_pages: int
-    # The upload: its future's event completes once the copy is done. None: done (or ran
-    # synchronously, on the CPU).
-    upload: Future[torch.cuda.Event] | None
+    ready: torch.cuda.Event | None  # None: the copy is done (or ran synchronously, on CPU)
 
 
 class AdapterPool:
@@ -63,10 +59,7 @@ class AdapterPool:
         self.first_b = torch.zeros(NUM_SLICES, max_resident, dtype=torch.int32, device=device)
         self.ranks = torch.zeros(NUM_SLICES, max_resident, dtype=torch.int32, device=device)
         self.scalings = torch.zeros(max_resident, dtype=torch.float32, device=device)
-        self.uploader: AdapterUploader | None = None
-        if device.type == "cuda":
-            tables = (self.page_table, self.first_a, self.first_b, self.ranks, self.scalings)
-            self.uploader = AdapterUploader(pages, *tables)
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._resident: OrderedDict[str, _Resident] = OrderedDict()  # LRU first
         self._free_ids = list(range(max_resident - 1, -1, -1))  # pop() gives the lowest id
         self._pins: Counter[str] = Counter()  # requests scheduled on each adapter
@@ -83,23 +76,9 @@ class AdapterPool:
         resident = self._resident.get(content_hash)
         if resident is None:
             return False
-        upload = resident.upload
-        done = upload is not None and upload.done() and upload.exception() is None
-        if done and upload is not None and upload.result().query():
-            resident.upload = None
-        return resident.upload is None
-
-    def upload_error(self, content_hash: str) -> BaseException | None:
-        """Why the adapter's upload failed, if it did (it then stays unusable: `discard` it)."""
-        resident = self._resident.get(content_hash)
-        upload = resident.upload if resident is not None else None
-        return upload.exception() if upload is not None and upload.done() else None
-
-    def discard(self, content_hash: str) -> None:
-        """Drop an adapter whose upload failed: its blocks and resident id go back."""
-        resident = self._resident.pop(content_hash)
-        self.kv.free_adapter_blocks(content_hash)
-        self._free_ids.append(resident.resident_id)
+        if resident.ready is not None and resident.ready.query():
+            resident.ready = None
+        return resident.ready is None
 
     def resident_id(self, content_hash: str) -> int:
         return self._resident[content_hash].resident_id
@@ -128,8 +107,8 @@ class AdapterPool:
         block_ids = self.kv.allocate_adapter_blocks(content_hash, need)
         assert block_ids is not None, "the victims' blocks must cover the upload"
         resident_id = self._free_ids.pop()
-        upload = self._copy_in(cpu, resident_id, block_ids)
-        self._resident[content_hash] = _Resident(resident_id, need, upload)
+        ready = self._copy_in(cpu, resident_id, block_ids)
+        self._resident[content_hash] = _Resident(resident_id, need, ready)
         self.num_uploads += 1
         return True
 
@@ -150,8 +129,8 @@ class AdapterPool:
     def evict(self, content_hash: str) -> None:
         """Give an idle adapter's blocks and resident id back (no device work needed)."""
         assert content_hash not in self._pins, "a pinned adapter is in use"
-        assert self.is_ready(content_hash), "an upload is in flight"
         resident = self._resident.pop(content_hash)
+        assert resident.ready is None or resident.ready.query(), "an upload is in flight"
         self.kv.free_adapter_blocks(content_hash)
         self._free_ids.append(resident.resident_id)
         self.num_evictions += 1
@@ -190,26 +169,40 @@ class AdapterPool:
 
     def _copy_in(
         self, cpu: CpuAdapter, resident_id: int, block_ids: list[int]
-    ) -> Future[torch.cuda.Event] | None:
-        """Write the pages and the tables' row: on CUDA by the uploader's worker, on the CPU
-        now."""
+    ) -> torch.cuda.Event | None:
+        """Write the pages and the tables' row; on CUDA asynchronously, on the copy stream."""
         layout = cpu.layout
+        ids = torch.tensor(block_ids, dtype=torch.int64)
         rows = torch.tensor([layout.first_a, layout.first_b, layout.ranks], dtype=torch.int32)
         rows = rows.clamp(min=0)  # untargeted slices: first page 0, rank 0 (never read)
-        if self.uploader is None:
-            ids = torch.tensor(block_ids, dtype=torch.int64)
-            self.pages.index_copy_(1, ids, cpu.packed)
-            self.page_table[resident_id, : ids.shape[0]].copy_(ids.to(torch.int32))
-            self.first_a[:, resident_id].copy_(rows[0])
-            self.first_b[:, resident_id].copy_(rows[1])
-            self.ranks[:, resident_id].copy_(rows[2])
-            self.scalings[resident_id] = cpu.scaling
+        stream = self.copy_stream
+        if stream is None:
+            self._write(cpu.packed, ids, rows, cpu.scaling, resident_id)
             return None
-        # The blocks taken may still be read or written by steps queued on the compute stream:
-        # the copy starts after them.
-        after = torch.cuda.current_stream(self.device).record_event()
-        job = UploadJob(cpu.packed, block_ids, rows, cpu.scaling, resident_id, after)
-        return self.uploader.submit(job)
+        # The blocks taken may still be read or written by steps queued on the compute stream.
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self._write(cpu.packed, ids, rows, cpu.scaling, resident_id)
+            return stream.record_event()
+
+    def _write(
+        self,
+        packed: torch.Tensor,
+        ids: torch.Tensor,
+        rows: torch.Tensor,
+        scaling: float,
+        resident_id: int,
+    ) -> None:
+        device = self.device
+        staged = packed.to(device, non_blocking=True)  # [L, P, page_size]
+        gpu_ids = ids.to(device, non_blocking=True)
+        self.pages.index_copy_(1, gpu_ids, staged)
+        self.page_table[resident_id, : ids.shape[0]].copy_(gpu_ids.to(torch.int32))
+        gpu_rows = rows.to(device, non_blocking=True)
+        self.first_a[:, resident_id].copy_(gpu_rows[0])
+        self.first_b[:, resident_id].copy_(gpu_rows[1])
+        self.ranks[:, resident_id].copy_(gpu_rows[2])
+        self.scalings[resident_id] = scaling
 
     def check_integrity(self) -> None:
         """Resident ids are unique and disjoint from the free list; blocks match the KV

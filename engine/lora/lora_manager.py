@@ -61,7 +61,9 @@ class LoRAManager:
         self.device = pages.device
         self.max_batch_loras = max_batch_loras
         page_size = pages.shape[2]
-        self.loader = AdapterLoader(arch, config.max_lora_rank, page_size, dtype)
+        self.loader = AdapterLoader(
+            arch, config.max_lora_rank, page_size, dtype, pin_memory=pages.is_cuda
+        )
         max_pages = max_adapter_pages(config.max_lora_rank, lora_module_shapes(arch), page_size)
         self.pool = AdapterPool(
             kv_cache_manager, pages, min(config.max_gpu_loras, pages.shape[1]), max_pages
@@ -277,8 +279,6 @@ class LoRAManager:
 
     def shutdown(self) -> None:
         self.loader.shutdown()
-        if self.pool.uploader is not None:
-            self.pool.uploader.shutdown()
 
     # ---- internals -----------------------------------------------------------------------
 
@@ -304,15 +304,8 @@ class LoRAManager:
 
     def _report_finished_uploads(self) -> None:
         for content_hash, start in list(self._uploading.items()):
-            error = self.pool.upload_error(content_hash) if content_hash in self.pool else None
             if content_hash not in self.pool:
                 del self._uploading[content_hash]  # evicted before anyone used it
-            elif error is not None:  # its waiting requests fail; nobody else is affected
-                logger.error("adapter %s failed to upload: %r", content_hash[:12], error)
-                del self._uploading[content_hash]
-                self.pool.discard(content_hash)
-                self._failed[content_hash] = f"upload to the GPU failed: {error!r}"
-                self.stats["load_failures"] += 1
             elif self.pool.is_ready(content_hash):
                 del self._uploading[content_hash]
                 self._report_load(content_hash, "gpu", time.perf_counter() - start)

@@ -127,10 +127,13 @@ def pack_adapter(
     num_layers: int,
     page_size: int,
     dtype: torch.dtype,
+    pin_memory: bool = False,
 ) -> torch.Tensor:
-    """The adapter's pages, [num_layers, layout.num_pages, page_size] in `dtype` on the CPU.
-    Unused tails of pages are zero."""
-    packed = torch.zeros((num_layers, layout.num_pages, page_size), dtype=dtype)
+    """The adapter's pages, [num_layers, layout.num_pages, page_size] in `dtype` on the CPU
+    (pinned for an asynchronous copy to the GPU). Unused tails of pages are zero."""
+    packed = torch.zeros(
+        (num_layers, layout.num_pages, page_size), dtype=dtype, pin_memory=pin_memory
+    )
     for i, module in enumerate(SLICES):
         if layout.first_a[i] < 0:
             continue

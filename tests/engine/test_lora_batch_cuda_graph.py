@@ -96,7 +96,7 @@ def upload(pool: AdapterPool, adapter: LoRAAdapter, dtype: torch.dtype) -> CpuAd
     returns the packed adapter, which the caller keeps alive as LoRAManager's CPU cache does."""
     layout = plan_layout(adapter.rank, adapter.target_modules, SHAPES, PAGE_SIZE)
     pin = pool.device.type == "cuda"
-    packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, dtype, pin)
+    packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, dtype, pin_memory=pin)
     cpu = CpuAdapter(adapter.content_hash, layout, packed, adapter.scaling, 0.0)
     assert pool.upload(cpu, keep=())
     return cpu
