@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Re-install when the project's metadata or its set of modules changes (strict editable mode
 # links files, so a new module needs a new install).
-SOURCES_ID := $(shell (cat pyproject.toml setup.py; find engine kernels platform -type f \
+SOURCES_ID := $(shell (cat pyproject.toml setup.py; find engine kernels platform admin-ui -type f \
 	-not -path '*/__pycache__/*' | sort) | sha1sum | cut -c1-10)
 STAMP := $(VENV)/.installed-$(SOURCES_ID)
 

@@ -16,19 +16,24 @@ import anyio
 from fastapi import FastAPI
 
 from loraplex.engine.async_engine import AsyncEngine
+from loraplex.platform.adapter_validator import engine_adapter_validator
 from loraplex.platform.api import (
     RequestContextMiddleware,
     api_router,
     install_error_handlers,
 )
+from loraplex.platform.api.admin_console import AdminConsole, admin_ui_dir
 from loraplex.platform.auth import TokenCodec
 from loraplex.platform.db import Database, check_migrated
 from loraplex.platform.engine_client import EngineClient
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.ratelimit import create_rate_limiter
+from loraplex.platform.services.adapter_check import check_pending_adapters
+from loraplex.platform.services.reconcile import reconcile_adapters
 from loraplex.platform.settings import Settings, get_settings
 from loraplex.platform.state import AppState
 from loraplex.platform.storage import AdapterStore
+from loraplex.platform.uploads import FRAMING_BYTES
 from loraplex.platform.usage import UsageWriter
 
 logger = logging.getLogger(__name__)
@@ -49,8 +54,10 @@ async def _load_engine(settings: Settings) -> AsyncEngine:
 
 async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppState:
     db = Database(settings.resolved_database_url)
+    store = AdapterStore(settings.resolved_adapter_dir)
     try:
         await anyio.to_thread.run_sync(check_migrated, db.engine)
+        await anyio.to_thread.run_sync(reconcile_adapters, db, store)
         metrics = Metrics()
         limiter = create_rate_limiter(
             settings.redis_url,
@@ -64,6 +71,7 @@ async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppStat
         )
         client.engine.observe_adapter_loads(metrics.observe_adapter_load)
         await client.start()
+        await check_pending_adapters(db, client)
         usage = UsageWriter(
             db,
             batch_size=settings.usage_batch_size,
@@ -82,8 +90,11 @@ async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppStat
         usage=usage,
         metrics=metrics,
         tokens=TokenCodec(settings),
-        adapter_store=AdapterStore(settings.resolved_adapter_dir),
+        adapter_store=store,
         api_key_secret=settings.api_key_hash_secret(),
+        validate_adapter=engine_adapter_validator(
+            client.engine.engine.config.model.model, client.engine.engine.config.lora.max_lora_rank
+        ),
     )
 
 
@@ -126,9 +137,12 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
     )
     install_error_handlers(app)
     app.include_router(api_router)
+    app.mount("/admin", AdminConsole(admin_ui_dir()), name="admin-console")
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,
         max_header_bytes=settings.max_header_bytes,
+        # Adapter uploads stream to disk under their own limit (services/adapter_upload.py).
+        streamed={("POST", "/admin/v1/adapters"): settings.max_adapter_bytes + FRAMING_BYTES},
     )
     return app
