@@ -25,7 +25,7 @@ for top in TOP_LEVEL:
 package_data = {f"loraplex.{top}": ["py.typed"] for top in TOP_LEVEL}
 
 # The admin console ships inside the wheel (served at /admin); its screenshots stay in the repo.
-ADMIN_UI_FILES = ("*.html", "*.css", "src/*.js", "vendor/*")
+ADMIN_UI_FILES = ("*.html", "*.css", "src/*.js", "src/pages/*.js", "vendor/*")
 packages.append("loraplex.admin_ui")
 package_dir["loraplex.admin_ui"] = "admin-ui"
 package_data["loraplex.admin_ui"] = list(ADMIN_UI_FILES)

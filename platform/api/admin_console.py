@@ -30,11 +30,14 @@ SECURITY_HEADERS = [
 
 
 def admin_ui_dir() -> Path:
-    """Where the console's files are: the installed data package's folder."""
+    """Where the console's files are: the installed data package's folder. An editable install
+    links each file from the source tree: serve the tree itself (StaticFiles refuses links
+    that lead out of its directory)."""
     spec = importlib.util.find_spec(ADMIN_UI_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"{ADMIN_UI_PACKAGE} is not installed (run `make setup`)")
-    return Path(next(iter(spec.submodule_search_locations)))
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    return (package_dir / "index.html").resolve().parent
 
 
 class AdminConsole:
