@@ -132,6 +132,7 @@ export function TimeChart({ title, series, data, height = 160, bars = false }) {
       height,
       legend: { show: true },
       scales: { x: { time: true } },
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"), // the console speaks UTC
       series: [
         {},
         ...series.map((label, i) => ({
@@ -155,7 +156,7 @@ export function TimeChart({ title, series, data, height = 160, bars = false }) {
     if (plot.current) plot.current.setData(data);
   }, [data]);
   return html`<figure class="chart">
-    <figcaption>${title}</figcaption>
+    <figcaption>${title} <span class="muted">(UTC)</span></figcaption>
     <div ref=${holder} role="img" aria-label=${`${title} chart`}></div>
   </figure>`;
 }

@@ -32,7 +32,10 @@ def ensure_chromium() -> str:
     cannot be had, a failure in CI."""
     if not Path(CHROMIUM).exists() and shutil.which("apt-get") and os.geteuid() == 0:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], env=env, check=False)
+        install = ["apt-get", "install", "-y", "-q", "chromium"]
+        if subprocess.run(install, env=env, check=False).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], env=env, check=False)
+            subprocess.run(install, env=env, check=False)
     if not Path(CHROMIUM).exists():
         message = f"{CHROMIUM} is missing (apt-get install chromium)"
         if os.environ.get("CI"):

@@ -89,6 +89,7 @@ def test_the_operators_flow(
 
     # A tenant; the same name again is an API error shown to the user.
     page.get_by_role("link", name="Tenants").click()
+    expect(page.get_by_role("heading", name="Tenants", level=1)).to_be_visible()
     form = page.locator("form", has=page.get_by_role("button", name="Create tenant"))
     form.get_by_label("Name").fill("acme")
     form.get_by_role("button", name="Create tenant").click()
@@ -121,14 +122,16 @@ def test_the_operators_flow(
     # Usage is written in batches: give the writer a flush, then refresh the page.
     page.wait_for_timeout(1000)
     page.get_by_role("link", name="Usage").click()
-    page.get_by_label("adapter").check()
+    expect(page.get_by_role("heading", name="Usage", level=1)).to_be_visible()
+    page.get_by_role("radio", name="adapter").check()
     page.get_by_role("button", name="Refresh").click()
     expect(page.get_by_role("cell", name="support", exact=True)).to_be_visible(timeout=15_000)
     with page.expect_download() as download:
         page.get_by_role("button", name="Export CSV").click()
     csv = Path(download.value.path()).read_text()
-    assert csv.startswith("Date (UTC),Tenant,Model,Requests") and ",support,1," in csv
+    assert csv.startswith("Date (UTC),Tenant ID,Model,Requests") and ",support,1," in csv
     page.get_by_role("link", name="Dashboard").click()
+    expect(page.get_by_role("heading", name="Dashboard", level=1)).to_be_visible()
     expect(page.locator("dd[aria-labelledby=s-req]")).not_to_have_text("0", timeout=10_000)
 
     # v2: the name follows it; v1 stays callable.
@@ -165,6 +168,8 @@ def test_validation_errors_are_shown_in_words(page: Page, server: LiveServer) ->
 def test_keyboard_reaches_the_file_chooser(page: Page, server: LiveServer) -> None:
     sign_in(page, server.base_url, admin_token(server))
     page.goto(f"{server.base_url}/admin/#/adapters")
+    page.get_by_role("heading", name="Versions").wait_for()
+    page.wait_for_load_state("networkidle")  # the tenant picker has settled
     page.get_by_label("Adapter name").focus()
     page.keyboard.press("Tab")
     focused = page.evaluate("() => document.activeElement.className")

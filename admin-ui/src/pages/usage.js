@@ -7,7 +7,7 @@ import { ErrorMessage, html, TenantPicker, TimeChart, useAction, useEffect, useS
 const DAY_MS = 86400000;
 const COLUMNS = [
   { key: "date", label: "Date (UTC)" },
-  { key: "tenant_id", label: "Tenant" },
+  { key: "tenant_id", label: "Tenant ID" },
   { key: "model", label: "Model" },
   { key: "requests", label: "Requests" },
   { key: "prompt_tokens", label: "Prompt tokens" },
@@ -52,8 +52,8 @@ export function UsagePage() {
   const exportCsv = () => download(`loraplex-usage-${start}-${end}.csv`, toCsv(COLUMNS, rows));
   return html`
     <p class="muted">All dates are UTC days; <em>end</em> is included.</p>
+    <${TenantPicker} id="usage-tenant" value=${tenantId} onChange=${setTenantId} allowAll=${true} />
     <form class="grid-form filters" onSubmit=${(e) => e.preventDefault()}>
-      <${TenantPicker} id="usage-tenant" value=${tenantId} onChange=${setTenantId} allowAll=${true} />
       <label>From (UTC) <input type="date" value=${start} max=${end} onChange=${(e) => setStart(e.target.value)} /></label>
       <label>To (UTC) <input type="date" value=${end} min=${start} onChange=${(e) => setEnd(e.target.value)} /></label>
       <fieldset><legend>Per</legend>
