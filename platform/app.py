@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 from fastapi import FastAPI
@@ -24,6 +25,7 @@ from loraplex.platform.api import (
 )
 from loraplex.platform.api.admin_console import AdminConsole, admin_ui_dir
 from loraplex.platform.auth import TokenCodec
+from loraplex.platform.crud.adapters import AdapterValidator, ValidatedAdapter
 from loraplex.platform.db import Database, check_migrated
 from loraplex.platform.engine_client import EngineClient
 from loraplex.platform.metrics import Metrics
@@ -92,10 +94,21 @@ async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppStat
         tokens=TokenCodec(settings),
         adapter_store=store,
         api_key_secret=settings.api_key_hash_secret(),
-        validate_adapter=engine_adapter_validator(
-            client.engine.engine.config.model.model, client.engine.engine.config.lora.max_lora_rank
-        ),
+        validate_adapter=_upload_validator(settings),
     )
+
+
+def _upload_validator(settings: Settings) -> AdapterValidator:
+    """The engine's own checks against the served model's directory (read from the settings,
+    not the engine: it may run in a process of its own)."""
+    model = settings.model
+    if model is None:  # an engine handed in without LORAPLEX_MODEL: nothing to check against
+
+        def refuse(path: Path) -> ValidatedAdapter:
+            raise ValueError("the server has no LORAPLEX_MODEL to validate adapters against")
+
+        return refuse
+    return engine_adapter_validator(model, int(settings.engine_kwargs()["max_lora_rank"]))
 
 
 async def stop_state(state: AppState, *, owns_engine: bool) -> None:

@@ -223,7 +223,13 @@ async def test_two_uploads_of_one_name_at_once(
             content=slow_body(),
         )
     )
-    await asyncio.sleep(0.5)
+    # The first upload's config file is being written: its fields came first, so it holds the
+    # name by now.
+    root = server.settings.resolved_adapter_dir
+    for _ in range(600):
+        if list(root.glob(".staging-*/adapter_config.json")):
+            break
+        await asyncio.sleep(0.05)
     second = await upload(server, tenant["id"], "bot", files)
     second_done.set()
     assert second.status_code == 409, second.text
