@@ -6,11 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Re-install when the project's metadata or its set of modules changes (strict editable mode
 # links files, so a new module needs a new install).
-SOURCES_ID := $(shell (cat pyproject.toml setup.py; find engine kernels platform -type f \
+SOURCES_ID := $(shell (cat pyproject.toml setup.py; find engine kernels platform admin-ui -type f \
 	-not -path '*/__pycache__/*' | sort) | sha1sum | cut -c1-10)
 STAMP := $(VENV)/.installed-$(SOURCES_ID)
 
-.PHONY: demo test test-gpu lint format bench-offline setup wheel
+.PHONY: demo test test-gpu lint format bench-offline setup wheel screenshots
 
 setup: $(STAMP)
 
@@ -49,6 +49,10 @@ format: $(STAMP)
 wheel: $(STAMP)
 	rm -rf .whl build/lib build/bdist.*
 	$(BIN)/python -m pip wheel -q --no-deps -w .whl .
+
+# One screenshot per admin console page into admin-ui/screenshots/ (Debian's chromium).
+screenshots: $(STAMP)
+	$(BIN)/python -m tests.e2e.console_screenshots
 
 bench-offline: $(STAMP)
 	$(BIN)/python bench/offline_throughput.py

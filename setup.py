@@ -1,6 +1,7 @@
 """Maps the top-level folders onto the `loraplex` package (see docs/architecture.md).
 
-engine/ -> loraplex.engine, kernels/ -> loraplex.kernels, platform/ -> loraplex.platform.
+engine/ -> loraplex.engine, kernels/ -> loraplex.kernels, platform/ -> loraplex.platform, and
+admin-ui/ (the console's static files, no Python) -> the data package loraplex.admin_ui.
 Sub-packages are discovered, so a new folder needs no edit here. `make setup` installs the
 project in setuptools' strict editable mode: a tree of links under build/ that mypy, pytest and
 editors resolve like any installed package (a new module needs `make setup` again, which the
@@ -22,5 +23,11 @@ for top in TOP_LEVEL:
 
 # py.typed (PEP 561): type checkers read the installed package's own annotations.
 package_data = {f"loraplex.{top}": ["py.typed"] for top in TOP_LEVEL}
+
+# The admin console ships inside the wheel (served at /admin); its screenshots stay in the repo.
+ADMIN_UI_FILES = ("*.html", "*.css", "src/*.js", "src/pages/*.js", "vendor/*")
+packages.append("loraplex.admin_ui")
+package_dir["loraplex.admin_ui"] = "admin-ui"
+package_data["loraplex.admin_ui"] = list(ADMIN_UI_FILES)
 
 setup(packages=packages, package_dir=package_dir, package_data=package_data)

@@ -11,24 +11,31 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 from fastapi import FastAPI
 
 from loraplex.engine.async_engine import AsyncEngine
+from loraplex.platform.adapter_validator import engine_adapter_validator
 from loraplex.platform.api import (
     RequestContextMiddleware,
     api_router,
     install_error_handlers,
 )
+from loraplex.platform.api.admin_console import AdminConsole, admin_ui_dir
 from loraplex.platform.auth import TokenCodec
+from loraplex.platform.crud.adapters import AdapterValidator, ValidatedAdapter
 from loraplex.platform.db import Database, check_migrated
 from loraplex.platform.engine_client import EngineClient
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.ratelimit import create_rate_limiter
+from loraplex.platform.services.adapter_check import check_pending_adapters
+from loraplex.platform.services.reconcile import reconcile_adapters
 from loraplex.platform.settings import Settings, get_settings
 from loraplex.platform.state import AppState
 from loraplex.platform.storage import AdapterStore
+from loraplex.platform.uploads import FRAMING_BYTES
 from loraplex.platform.usage import UsageWriter
 
 logger = logging.getLogger(__name__)
@@ -49,8 +56,10 @@ async def _load_engine(settings: Settings) -> AsyncEngine:
 
 async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppState:
     db = Database(settings.resolved_database_url)
+    store = AdapterStore(settings.resolved_adapter_dir)
     try:
         await anyio.to_thread.run_sync(check_migrated, db.engine)
+        await anyio.to_thread.run_sync(reconcile_adapters, db, store)
         metrics = Metrics()
         limiter = create_rate_limiter(
             settings.redis_url,
@@ -64,6 +73,7 @@ async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppStat
         )
         client.engine.observe_adapter_loads(metrics.observe_adapter_load)
         await client.start()
+        await check_pending_adapters(db, client)
         usage = UsageWriter(
             db,
             batch_size=settings.usage_batch_size,
@@ -82,9 +92,23 @@ async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppStat
         usage=usage,
         metrics=metrics,
         tokens=TokenCodec(settings),
-        adapter_store=AdapterStore(settings.resolved_adapter_dir),
+        adapter_store=store,
         api_key_secret=settings.api_key_hash_secret(),
+        validate_adapter=_upload_validator(settings),
     )
+
+
+def _upload_validator(settings: Settings) -> AdapterValidator:
+    """The engine's own checks against the served model's directory (read from the settings,
+    not the engine: it may run in a process of its own)."""
+    model = settings.model
+    if model is None:  # an engine handed in without LORAPLEX_MODEL: nothing to check against
+
+        def refuse(path: Path) -> ValidatedAdapter:
+            raise ValueError("the server has no LORAPLEX_MODEL to validate adapters against")
+
+        return refuse
+    return engine_adapter_validator(model, int(settings.engine_kwargs()["max_lora_rank"]))
 
 
 async def stop_state(state: AppState, *, owns_engine: bool) -> None:
@@ -126,9 +150,12 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
     )
     install_error_handlers(app)
     app.include_router(api_router)
+    app.mount("/admin", AdminConsole(admin_ui_dir()), name="admin-console")
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,
         max_header_bytes=settings.max_header_bytes,
+        # Adapter uploads stream to disk under their own limit (services/adapter_upload.py).
+        streamed={("POST", "/admin/v1/adapters"): settings.max_adapter_bytes + FRAMING_BYTES},
     )
     return app

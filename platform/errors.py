@@ -42,6 +42,10 @@ class ConflictError(LoraplexError):
     """409: would break a uniqueness rule (a name already taken)."""
 
 
+class PayloadTooLargeError(LoraplexError):
+    """413: an upload past its byte limit (`LORAPLEX_MAX_ADAPTER_BYTES`)."""
+
+
 class RateLimitedError(LoraplexError):
     """429 `rate_limit_exceeded` (`kind`: requests | tokens | concurrency)."""
 

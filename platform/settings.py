@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     redis_url: str | None = None  # unset: the in-process rate limiter
     redis_key_prefix: str = "loraplex:"
     adapter_dir: Path | None = None  # default: data_dir/adapters
+    # An adapter upload (the whole multipart body, or an archive's expanded files): 413 beyond.
+    max_adapter_bytes: int = Field(default=1 << 30, ge=1024)
 
     # Secrets and tokens
     jwt_secret: SecretStr | None = None  # HS256 key; generated + persisted when unset

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loraplex.platform.auth import TokenCodec
+from loraplex.platform.crud import AdapterValidator
 from loraplex.platform.db import Database
 from loraplex.platform.engine_client import EngineClient
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.ratelimit import FailoverRateLimiter
 from loraplex.platform.settings import Settings
 from loraplex.platform.storage import AdapterStore
+from loraplex.platform.uploads import UploadGuard
 from loraplex.platform.usage import UsageWriter
 
 
@@ -25,3 +27,5 @@ class AppState:
     tokens: TokenCodec
     adapter_store: AdapterStore
     api_key_secret: bytes
+    validate_adapter: AdapterValidator  # the engine's own checks, against the served model
+    uploads: UploadGuard = field(default_factory=UploadGuard)

@@ -47,6 +47,7 @@ _KNOWN: list[tuple[type[Exception], int, str, str | None]] = [
     (e.ModelNotFoundError, 404, INVALID_REQUEST, "model_not_found"),
     (e.NotFoundError, 404, INVALID_REQUEST, "not_found"),
     (e.ConflictError, 409, INVALID_REQUEST, "conflict"),
+    (e.PayloadTooLargeError, 413, INVALID_REQUEST, None),
     (e.EngineOverloadedError, 429, "engine_overloaded", "engine_overloaded"),
     (e.EngineFailureError, 500, SERVER_ERROR, "engine_error"),
     (e.ServiceUnavailableError, 503, SERVER_ERROR, "service_unavailable"),

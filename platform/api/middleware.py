@@ -3,7 +3,9 @@
 A pure ASGI middleware (no BaseHTTPMiddleware) so that streaming responses and client
 disconnects pass through untouched. Bodies are read up to `max_body_bytes` before the app sees
 them: a 10 MB body is refused with 413 without being parsed, and nothing downstream has to
-guard against a body that keeps coming.
+guard against a body that keeps coming. The routes in `streamed` (adapter uploads) are the
+exception: they read their body as a stream and enforce their own, larger limit; here only a
+Content-Length past that limit is refused up front.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -56,10 +59,18 @@ def _error_body(status: int, message: str, request_id: str) -> tuple[dict[str, A
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_header_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        max_header_bytes: int,
+        streamed: Mapping[tuple[str, str], int] | None = None,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_header_bytes = max_header_bytes
+        self.streamed = dict(streamed or {})  # (method, path) -> its own body limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -95,19 +106,19 @@ class RequestContextMiddleware:
         if header_bytes > self.max_header_bytes:
             await reject(431, f"request headers exceed {self.max_header_bytes} bytes")
             return
-        body, error = await self._read_body(scope, receive)
-        if error is not None:
-            await reject(*error)
-            return
-
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: waits for http.disconnect
+        stream_limit = self.streamed.get((scope["method"], scope["path"]))
+        if stream_limit is not None:
+            error = _check_length(scope, stream_limit)
+            if error is not None:
+                await reject(*error)
+                return
+            app_receive = receive
+        else:
+            body, error = await self._read_body(scope, receive)
+            if error is not None:
+                await reject(*error)
+                return
+            app_receive = _replay(body, receive)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -122,7 +133,7 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, replay, send_with_id)
+            await self.app(scope, app_receive, send_with_id)
         except Exception:
             logger.exception("unhandled error")
             if status_holder[0]:
@@ -142,13 +153,9 @@ class RequestContextMiddleware:
         self, scope: Scope, receive: Receive
     ) -> tuple[bytes, tuple[int, str] | None]:
         too_large = (413, f"request body exceeds {self.max_body_bytes} bytes")
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                try:
-                    if int(value) > self.max_body_bytes:
-                        return b"", too_large
-                except ValueError:
-                    return b"", (400, "invalid content-length")
+        error = _check_length(scope, self.max_body_bytes)
+        if error is not None:
+            return b"", error
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -162,3 +169,29 @@ class RequestContextMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), None
+
+
+def _check_length(scope: Scope, max_bytes: int) -> tuple[int, str] | None:
+    """A declared Content-Length past `max_bytes` (413) or malformed (400)."""
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                if int(value) > max_bytes:
+                    return 413, f"request body exceeds {max_bytes} bytes"
+            except ValueError:
+                return 400, "invalid content-length"
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the app the body read already, then the connection's events."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: waits for http.disconnect
+
+    return replay

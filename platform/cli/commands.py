@@ -183,7 +183,7 @@ def adapters_add(args: argparse.Namespace) -> int:
             base_model=Path(model).name,
         )
         print(
-            f"adapter {row.id} {row.name!r} for tenant {tenant.name!r}: rank {row.rank}, "
+            f"adapter {row.id} {row.name}@v{row.version} for tenant {tenant.name!r}: rank {row.rank}, "
             f"targets {','.join(row.target_modules)}, sha256 {row.sha256}"
         )
     return 0
@@ -194,7 +194,8 @@ def adapters_list(args: argparse.Namespace) -> int:
         tenant_id = _tenant(session, args.tenant).id if args.tenant else None
         for a in crud.read_adapters(session, tenant_id):
             print(
-                f"{a.id}\t{a.tenant_id}\t{a.name}\tr={a.rank}\t{','.join(a.target_modules)}\t"
+                f"{a.id}\t{a.tenant_id}\t{a.name}@v{a.version}\tr={a.rank}\t"
+                f"{','.join(a.target_modules)}\t"
                 f"{a.sha256[:12]}\t{a.status}"
             )
     return 0

@@ -1,15 +1,17 @@
-"""Adapter registry: registration from a local PEFT directory, grants, and model resolution.
+"""Adapter registry: versions registered from a staged PEFT directory, status changes,
+deletion with the files no registration uses any more.
 
-Model names a tenant can use: the base model's name, its own adapters by name, and adapters
-granted to it as `<owner tenant>/<adapter>`. Everything else — including another tenant's
-adapter that exists — is `model_not_found`, so names cannot be probed across tenants.
+Registering a name the tenant already has adds a version (`name@v2`): the rows of one name are
+its versions, `version` counting up from 1 (a failed version keeps its number). A new version
+inherits the grants of the version before it. A row is committed only once its files are in
+their content-addressed place, under the store's commit lock (see `storage.py`): never a row
+without its files; files without a row (a crash in between) are removed at start-up.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -18,18 +20,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from loraplex.platform.crud.tenants import read_tenant
-from loraplex.platform.db import Adapter, AdapterGrant, AdapterStatus, Tenant
-from loraplex.platform.errors import (
-    ConflictError,
-    InvalidRequestError,
-    ModelNotFoundError,
-    NotFoundError,
-)
+from loraplex.platform.db import Adapter, AdapterGrant, AdapterStatus
+from loraplex.platform.errors import ConflictError, InvalidRequestError, NotFoundError
 from loraplex.platform.schemas.admin import NAME_PATTERN
 from loraplex.platform.storage import AdapterStore
 
-MAX_MODEL_NAME = 256
-_NAME_RE = re.compile(NAME_PATTERN)
+NAME_RE = re.compile(NAME_PATTERN)
+MAX_REASON = 1024
 
 
 class ValidatedAdapter(Protocol):
@@ -48,20 +45,14 @@ class ValidatedAdapter(Protocol):
 AdapterValidator = Callable[[Path], ValidatedAdapter]
 
 
-@dataclass(frozen=True)
-class AdapterRef:
-    """An adapter as the engine needs it (a snapshot, safe off the session)."""
-
-    adapter_id: int
-    model_id: str
-    path: str
-    content_hash: str
-
-
-@dataclass(frozen=True)
-class UsableModel:
-    model_id: str
-    adapter: Adapter | None
+def check_adapter_name(name: str) -> None:
+    """Names are never paths: no '/', no leading '.', at most 64 characters."""
+    if not NAME_RE.fullmatch(name):
+        raise InvalidRequestError(
+            f"adapter names must match {NAME_PATTERN} (letters, digits, '.', '_', '-'; "
+            "at most 64 characters, no '/')",
+            param="name",
+        )
 
 
 def register_adapter(
@@ -74,53 +65,111 @@ def register_adapter(
     source_dir: Path,
     base_model: str,
 ) -> Adapter:
-    """Copy, validate (the stored copy: what we validate is what we serve) and register."""
-    if not _NAME_RE.fullmatch(name):
-        raise InvalidRequestError(f"adapter names must match {NAME_PATTERN}", param="name")
+    """Copy a local PEFT directory (the CLI's path), validate the copy and register it ready."""
+    check_adapter_name(name)
     read_tenant(session, tenant_id)
-    try:
-        staging = store.stage(source_dir)
-    except FileNotFoundError as e:
-        raise InvalidRequestError(str(e)) from e
+    with store.staging() as staging:
+        try:
+            store.copy_into(source_dir, staging)
+        except FileNotFoundError as e:
+            raise InvalidRequestError(str(e)) from e
+        return register_staged(
+            session,
+            store,
+            validate,
+            staging,
+            tenant_id=tenant_id,
+            name=name,
+            base_model=base_model,
+            status=AdapterStatus.READY,
+        )
+
+
+def register_staged(
+    session: Session,
+    store: AdapterStore,
+    validate: AdapterValidator,
+    staging: Path,
+    *,
+    tenant_id: int,
+    name: str,
+    base_model: str,
+    status: AdapterStatus,
+) -> Adapter:
+    """Validate the staged files (what we validate is what we serve), store them by content
+    and commit the next version's row, in that order."""
+    check_adapter_name(name)
+    read_tenant(session, tenant_id)
     try:
         info = validate(staging)
     except ValueError as e:  # InvalidAdapterError: the message names the problem
-        store.discard(staging)
         raise InvalidRequestError(f"invalid adapter: {e}") from e
-    except BaseException:
-        store.discard(staging)
-        raise
-    path = store.commit(staging, info.content_hash)
-    row = Adapter(
-        tenant_id=tenant_id,
-        name=name,
-        base_model=base_model,
-        rank=info.rank,
-        lora_alpha=info.lora_alpha,
-        target_modules=list(info.target_modules),
-        sha256=info.content_hash,
-        size_bytes=store.size_bytes(info.content_hash),
-        path=str(path),
-        status=AdapterStatus.READY.value,
-    )
-    session.add(row)
-    try:
-        session.commit()
-    except IntegrityError as e:
-        session.rollback()
-        _maybe_remove_files(session, store, info.content_hash)
-        raise ConflictError(f"the tenant already has an adapter named {name!r}") from e
-    except BaseException:
-        session.rollback()
-        _maybe_remove_files(session, store, info.content_hash)
-        raise
+    failure: BaseException | None = None
+    with store.committing():
+        path = store.commit(staging, info.content_hash)
+        try:
+            row = Adapter(
+                tenant_id=tenant_id,
+                name=name,
+                base_model=base_model,
+                rank=info.rank,
+                lora_alpha=info.lora_alpha,
+                target_modules=list(info.target_modules),
+                sha256=info.content_hash,
+                size_bytes=store.size_bytes(info.content_hash),
+                path=str(path),
+                status=status.value,
+            )
+            _add_version(session, row)
+            session.commit()
+        except BaseException as exc:
+            session.rollback()
+            failure = exc
+    if failure is not None:
+        remove_unused_files(session, store, info.content_hash)
+        if isinstance(failure, IntegrityError):
+            raise ConflictError(
+                f"another version of {name!r} was registered at the same time; retry"
+            ) from failure
+        raise failure
     return row
 
 
-def read_adapters(session: Session, tenant_id: int | None = None) -> list[Adapter]:
-    query = select(Adapter).order_by(Adapter.id)
+def _add_version(session: Session, row: Adapter) -> None:
+    """Number `row` as the next version of its name and give it the latest version's grants."""
+    latest = session.scalars(
+        select(Adapter)
+        .where(Adapter.tenant_id == row.tenant_id, Adapter.name == row.name)
+        .order_by(Adapter.version.desc())
+        .limit(1)
+    ).first()
+    row.version = latest.version + 1 if latest else 1
+    session.add(row)
+    if latest is not None:
+        session.flush()  # the id, for the grants
+        for grant in latest.grants:
+            session.add(AdapterGrant(adapter_id=row.id, tenant_id=grant.tenant_id))
+
+
+def set_adapter_status(
+    session: Session, adapter_id: int, status: AdapterStatus, reason: str | None = None
+) -> Adapter:
+    adapter = read_adapter(session, adapter_id)
+    adapter.status = status.value
+    adapter.status_reason = reason[:MAX_REASON] if reason else None
+    session.commit()
+    return adapter
+
+
+def read_adapters(
+    session: Session, tenant_id: int | None = None, status: AdapterStatus | None = None
+) -> list[Adapter]:
+    """Every version, by tenant, name and version."""
+    query = select(Adapter).order_by(Adapter.tenant_id, Adapter.name, Adapter.version)
     if tenant_id is not None:
         query = query.where(Adapter.tenant_id == tenant_id)
+    if status is not None:
+        query = query.where(Adapter.status == status.value)
     return list(session.scalars(query).all())
 
 
@@ -131,89 +180,35 @@ def read_adapter(session: Session, adapter_id: int) -> Adapter:
     return adapter
 
 
+def read_latest_ready_ids(session: Session) -> set[int]:
+    """The ids `name` resolves to: the latest ready version of each name."""
+    latest = (
+        select(Adapter.tenant_id, Adapter.name, func.max(Adapter.version).label("version"))
+        .where(Adapter.status == AdapterStatus.READY.value)
+        .group_by(Adapter.tenant_id, Adapter.name)
+        .subquery()
+    )
+    query = select(Adapter.id).join(
+        latest,
+        (Adapter.tenant_id == latest.c.tenant_id)
+        & (Adapter.name == latest.c.name)
+        & (Adapter.version == latest.c.version),
+    )
+    return set(session.scalars(query).all())
+
+
 def delete_adapter(session: Session, store: AdapterStore, adapter_id: int) -> None:
-    """Unregister; the files go too unless another registration shares the content."""
+    """Unregister one version; the files go too unless another registration shares them."""
     adapter = read_adapter(session, adapter_id)
     content_hash = adapter.sha256
     session.delete(adapter)
     session.commit()
-    _maybe_remove_files(session, store, content_hash)
+    remove_unused_files(session, store, content_hash)
 
 
-def _maybe_remove_files(session: Session, store: AdapterStore, content_hash: str) -> None:
-    in_use = session.scalar(select(func.count()).where(Adapter.sha256 == content_hash))
-    if not in_use:
-        store.remove(content_hash)
-
-
-def create_grant(session: Session, adapter_id: int, tenant_id: int) -> AdapterGrant:
-    adapter = read_adapter(session, adapter_id)
-    read_tenant(session, tenant_id)
-    if adapter.tenant_id == tenant_id:
-        raise InvalidRequestError("a tenant cannot be granted its own adapter", param="tenant_id")
-    grant = AdapterGrant(adapter_id=adapter_id, tenant_id=tenant_id)
-    session.add(grant)
-    try:
-        session.commit()
-    except IntegrityError as e:
-        session.rollback()
-        raise ConflictError("the tenant already has this grant") from e
-    return grant
-
-
-def delete_grant(session: Session, adapter_id: int, tenant_id: int) -> None:
-    grant = session.get(AdapterGrant, (adapter_id, tenant_id))
-    if grant is None:
-        raise NotFoundError("no such grant")
-    session.delete(grant)
-    session.commit()
-
-
-def read_usable_models(session: Session, tenant_id: int) -> list[UsableModel]:
-    """The tenant's own adapters, then those granted to it (as owner/name)."""
-    own = session.scalars(
-        select(Adapter)
-        .where(Adapter.tenant_id == tenant_id, Adapter.status == AdapterStatus.READY.value)
-        .order_by(Adapter.id)
-    ).all()
-    granted = session.execute(
-        select(Adapter, Tenant.name)
-        .join(AdapterGrant, AdapterGrant.adapter_id == Adapter.id)
-        .join(Tenant, Tenant.id == Adapter.tenant_id)
-        .where(AdapterGrant.tenant_id == tenant_id, Adapter.status == AdapterStatus.READY.value)
-        .order_by(Adapter.id)
-    ).all()
-    return [UsableModel(a.name, a) for a in own] + [
-        UsableModel(f"{owner}/{a.name}", a) for a, owner in granted
-    ]
-
-
-def resolve_model(
-    session: Session, tenant_id: int, model: str, base_model: str
-) -> AdapterRef | None:
-    """None for the base model, the adapter for an adapter name; else ModelNotFoundError."""
-    if model == base_model:
-        return None
-    not_found = ModelNotFoundError(
-        f"The model {model[:MAX_MODEL_NAME]!r} does not exist or you do not have access to it.",
-        param="model",
-    )
-    owner, _, name = model.rpartition("/")
-    # Only well-formed names reach the database (no NUL bytes, surrogates, floods).
-    if not _NAME_RE.fullmatch(name) or (owner and not _NAME_RE.fullmatch(owner)):
-        raise not_found
-    query = select(Adapter).where(Adapter.name == name, Adapter.status == AdapterStatus.READY.value)
-    if not owner:
-        query = query.where(Adapter.tenant_id == tenant_id)
-    else:
-        query = (
-            query.join(Tenant, Tenant.id == Adapter.tenant_id)
-            .join(AdapterGrant, AdapterGrant.adapter_id == Adapter.id)
-            .where(Tenant.name == owner, AdapterGrant.tenant_id == tenant_id)
-        )
-    adapter = session.scalars(query).one_or_none()
-    if adapter is None:
-        raise not_found
-    return AdapterRef(
-        adapter_id=adapter.id, model_id=model, path=adapter.path, content_hash=adapter.sha256
-    )
+def remove_unused_files(session: Session, store: AdapterStore, content_hash: str) -> None:
+    with store.removing():  # no registration of the same content can commit meanwhile
+        in_use = session.scalar(select(func.count()).where(Adapter.sha256 == content_hash))
+        session.rollback()  # end the read: the next one sees later commits
+        if not in_use:
+            store.remove(content_hash)

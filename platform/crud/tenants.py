@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select, true
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -28,9 +28,19 @@ def create_tenant(session: Session, body: TenantCreate, settings: Settings) -> T
     return tenant
 
 
-def read_tenants(session: Session, skip: int = 0, limit: int = 100) -> tuple[list[Tenant], int]:
-    count = session.scalar(select(func.count()).select_from(Tenant)) or 0
-    rows = session.scalars(select(Tenant).order_by(Tenant.id).offset(skip).limit(limit)).all()
+def read_tenants(
+    session: Session, skip: int = 0, limit: int = 100, search: str | None = None
+) -> tuple[list[Tenant], int]:
+    """One page of tenants by id, and how many match in all; `search`: a case-insensitive
+    substring of the name."""
+    match: ColumnElement[bool] = true()
+    if search:
+        escaped = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        match = func.lower(Tenant.name).like(f"%{escaped.lower()}%", escape="\\")
+    count = session.scalar(select(func.count()).select_from(Tenant).where(match)) or 0
+    rows = session.scalars(
+        select(Tenant).where(match).order_by(Tenant.id).offset(skip).limit(limit)
+    ).all()
     return list(rows), count
 
 

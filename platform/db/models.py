@@ -42,7 +42,12 @@ class TenantStatus(enum.StrEnum):
 
 
 class AdapterStatus(enum.StrEnum):
+    """loading: stored, the engine's load check still running; ready: served; failed: the load
+    check refused it (`status_reason` says why), never served; disabled: kept, not served."""
+
+    LOADING = "loading"
     READY = "ready"
+    FAILED = "failed"
     DISABLED = "disabled"
 
 
@@ -94,17 +99,20 @@ class ApiKey(Base):
 
 
 class Adapter(Base):
-    """A registered PEFT LoRA adapter; `path` is server-generated (content-addressed)."""
+    """One version of a registered PEFT LoRA adapter (`name@v<version>`); `path` is
+    server-generated (content-addressed). `name` alone means the latest ready version."""
 
     __tablename__ = "adapters"
     __table_args__ = (
-        UniqueConstraint("tenant_id", "name", name="uq_adapters_tenant_id_name"),
+        UniqueConstraint("tenant_id", "name", "version", name="uq_adapters_tenant_id_name_version"),
         CheckConstraint(_in("status", AdapterStatus), name="status"),
+        CheckConstraint("version >= 1", name="version"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer, default=1)
     base_model: Mapped[str] = mapped_column(String(256))
     rank: Mapped[int] = mapped_column(Integer)
     lora_alpha: Mapped[float] = mapped_column(Float)
@@ -113,6 +121,7 @@ class Adapter(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     path: Mapped[str] = mapped_column(String(1024))
     status: Mapped[str] = mapped_column(String(16), default=AdapterStatus.READY.value)
+    status_reason: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     tenant: Mapped[Tenant] = relationship(back_populates="adapters")

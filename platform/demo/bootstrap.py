@@ -128,4 +128,5 @@ print(c.chat.completions.create(model="{adapter}", max_tokens=32,
 
   admin token: loraplex admin token    (then: curl -H "Authorization: Bearer $TOKEN" \\
                {base_url}/admin/v1/tenants)
+  admin console: {base_url}/admin/    (sign in with that token)
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict
 
@@ -95,9 +95,17 @@ class ApiKeysPublic(BaseModel):
     count: int
 
 
+Residency = Literal["gpu", "cpu", "disk"]
+
+
 class AdapterPublic(_Public):
+    """One version of an adapter. `is_latest`: the version its bare name resolves to (the
+    latest ready one); `residency`: where its weights are now (GPU pages, the CPU cache, or
+    only on disk); `status_reason`: why a version failed its load check."""
+
     id: int
     name: str
+    version: int
     tenant_id: int
     base_model: str
     rank: int
@@ -106,7 +114,10 @@ class AdapterPublic(_Public):
     sha256: str
     size_bytes: int
     status: AdapterStatus
+    status_reason: str | None
     created_at: datetime
+    is_latest: bool = False
+    residency: Residency = "disk"
 
 
 class AdaptersPublic(BaseModel):

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import uvicorn
 
 from loraplex.platform import crud
 from loraplex.platform.adapter_validator import engine_adapter_validator
+from loraplex.platform.app import create_app
 from loraplex.platform.db import Database, upgrade
 from loraplex.platform.schemas import ApiKeyCreate, TenantCreate
 from loraplex.platform.settings import Settings
@@ -61,3 +67,30 @@ class LiveServer:
     settings: Settings
     server: uvicorn.Server
     app_state: AppState
+
+
+@contextlib.contextmanager
+def serving(settings: Settings, keys: dict[str, str]) -> Iterator[LiveServer]:
+    """The app on a free localhost port (uvicorn in a thread), ready when it yields."""
+    app = create_app(settings)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+    )
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base_url}/ready", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield LiveServer(base_url, keys, settings, server, app.state.loraplex)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

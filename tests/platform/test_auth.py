@@ -205,6 +205,8 @@ PUBLIC_PATHS = {"/health", "/ready"}
 DOCS_PATHS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 # Needs an admin token unless LORAPLEX_PUBLIC_METRICS is set (checked in the route itself).
 METRICS_PATH = "/metrics"
+# The admin console's static files (an app shell: every call it makes needs an admin token).
+CONSOLE_PATH = "/admin"
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,7 @@ def test_every_route_declares_its_auth(tmp_path: Path) -> None:
         and (depends_on(r.dependant, get_current_tenant) or depends_on(r.dependant, get_admin))
     }
     unauthenticated = {r.path for r in routes} - authenticated
-    assert unauthenticated - DOCS_PATHS == PUBLIC_PATHS | {METRICS_PATH}
+    assert unauthenticated - DOCS_PATHS == PUBLIC_PATHS | {METRICS_PATH, CONSOLE_PATH}
     # FastAPI's docs pages are its own routes, never one of ours that forgot its auth.
     assert all(r.dependant is None for r in routes if r.path in DOCS_PATHS)
     assert len(authenticated) >= 15
@@ -255,7 +257,7 @@ async def test_unauthenticated_requests_are_denied_everywhere(server: Platform) 
     c = server.client
     checked = 0
     for route in served_routes(server.app):
-        if route.path in PUBLIC_PATHS | DOCS_PATHS:
+        if route.path in PUBLIC_PATHS | DOCS_PATHS | {CONSOLE_PATH}:
             continue
         path = re.sub(r"\{[^}]+\}", "1", route.path)
         for method in route.methods - {"HEAD"}:

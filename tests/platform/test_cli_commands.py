@@ -66,20 +66,12 @@ def test_registry_commands(
         capsys, "adapters", "add", "--tenant", "acme", "--name", "bot", str(adapter_sources["r8"])
     )
     assert code == 0 and "rank 8" in out
-    assert "bot\tr=8" in run(capsys, "adapters", "list", "--tenant", "acme")[1]
-    assert (
-        run(
-            capsys,
-            "adapters",
-            "add",
-            "--tenant",
-            "acme",
-            "--name",
-            "bot",
-            str(adapter_sources["r8"]),
-        )[0]
-        == 1
-    )  # name taken
+    assert "bot@v1\tr=8" in run(capsys, "adapters", "list", "--tenant", "acme")[1]
+    code, out, _ = run(
+        capsys, "adapters", "add", "--tenant", "acme", "--name", "bot", str(adapter_sources["r4"])
+    )
+    assert code == 0 and "bot@v2" in out  # the name taken: a new version
+    assert "bot@v2\tr=4" in run(capsys, "adapters", "list", "--tenant", "acme")[1]
     # A pickle next to the weights: refused, nothing stored.
     bad = tmp_path / "bad"
     shutil.copytree(adapter_sources["r4"], bad)
@@ -88,6 +80,7 @@ def test_registry_commands(
     code, _, err = run(capsys, "adapters", "add", "--tenant", "acme", "--name", "evil", str(bad))
     assert code == 1 and "adapter_model.safetensors" in err
     assert run(capsys, "adapters", "remove", "1")[0] == 0
+    assert run(capsys, "adapters", "remove", "2")[0] == 0
     assert run(capsys, "adapters", "list")[1] == ""
     assert not list((env / "adapters").glob("*/*"))  # the stored files went with it
     assert not list((env / "adapters").glob(".staging-*"))  # nothing half-copied left

@@ -1,39 +1,114 @@
-"""Admin API: registered adapters and grants (upload comes with the adapter-upload issue)."""
+"""Admin API: adapter versions (upload, list, delete) and grants."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, status
+import anyio
+from fastapi import APIRouter, Depends, Query, Request, status
 
 from loraplex.platform import crud
 from loraplex.platform.api.deps import AdminDep, SessionDep, StateDep, get_admin
+from loraplex.platform.db import Adapter
 from loraplex.platform.schemas import (
     AdapterGrantCreate,
     AdapterGrantPublic,
     AdapterPublic,
     AdaptersPublic,
 )
+from loraplex.platform.services.adapter_upload import upload_adapter
+from loraplex.platform.state import AppState
 
 router = APIRouter(prefix="/admin/v1", tags=["admin"], dependencies=[Depends(get_admin)])
+
+_FILE = {"type": "string", "format": "binary"}
+_UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["tenant_id", "name", "files"],
+                    "properties": {
+                        "tenant_id": {"type": "integer"},
+                        "name": {"type": "string"},
+                        "files": {"type": "array", "items": _FILE},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def _public(state: AppState, rows: list[Adapter], latest_ids: set[int]) -> list[AdapterPublic]:
+    tiers = {r.lora_int_id: r.tier for r in state.engine.get_stats().lora.resident}
+    return [
+        AdapterPublic.model_validate(row).model_copy(
+            update={"is_latest": row.id in latest_ids, "residency": tiers.get(row.id, "disk")}
+        )
+        for row in rows
+    ]
+
+
+@router.post(
+    "/adapters",
+    response_model=AdapterPublic,
+    status_code=status.HTTP_201_CREATED,
+    openapi_extra=_UPLOAD_BODY,
+)
+async def create_adapter(request: Request, state: StateDep, admin: AdminDep) -> AdapterPublic:
+    """Upload a new version (multipart: `tenant_id`, `name`, then the two PEFT files or one
+    .zip / .tar.gz). Answers once the load check is done: `status` is `ready` or `failed`."""
+    row = await upload_adapter(state, request)
+
+    def latest() -> set[int]:
+        with state.db.session() as session:
+            return crud.read_latest_ready_ids(session)
+
+    return _public(state, [row], await anyio.to_thread.run_sync(latest))[0]
 
 
 @router.get("/adapters", response_model=AdaptersPublic)
 def read_adapters(
-    session: SessionDep, admin: AdminDep, tenant_id: Annotated[int | None, Query(ge=1)] = None
+    session: SessionDep,
+    state: StateDep,
+    admin: AdminDep,
+    tenant_id: Annotated[int | None, Query(ge=1)] = None,
 ) -> AdaptersPublic:
+    """Every version, by tenant, name and version, with where each one lives now."""
     rows = crud.read_adapters(session, tenant_id)
-    return AdaptersPublic(data=[AdapterPublic.model_validate(a) for a in rows], count=len(rows))
+    data = _public(state, rows, crud.read_latest_ready_ids(session))
+    return AdaptersPublic(data=data, count=len(data))
 
 
 @router.get("/adapters/{adapter_id}", response_model=AdapterPublic)
-def read_adapter(session: SessionDep, admin: AdminDep, adapter_id: int) -> AdapterPublic:
-    return AdapterPublic.model_validate(crud.read_adapter(session, adapter_id))
+def read_adapter(
+    session: SessionDep, state: StateDep, admin: AdminDep, adapter_id: int
+) -> AdapterPublic:
+    row = crud.read_adapter(session, adapter_id)
+    return _public(state, [row], crud.read_latest_ready_ids(session))[0]
 
 
 @router.delete("/adapters/{adapter_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_adapter(session: SessionDep, state: StateDep, admin: AdminDep, adapter_id: int) -> None:
-    crud.delete_adapter(session, state.adapter_store, adapter_id)
+async def delete_adapter(state: StateDep, admin: AdminDep, adapter_id: int) -> None:
+    """Unregister one version: new requests naming it get 404 (a bare name falls back to the
+    latest remaining ready version); requests in flight finish on it."""
+
+    def delete() -> None:
+        with state.db.session() as session:
+            crud.delete_adapter(session, state.adapter_store, adapter_id)
+
+    await anyio.to_thread.run_sync(delete)
+    await state.engine.engine.remove_lora(adapter_id)
+
+
+@router.get("/adapters/{adapter_id}/grants", response_model=list[AdapterGrantPublic])
+def read_grants(session: SessionDep, admin: AdminDep, adapter_id: int) -> list[AdapterGrantPublic]:
+    return [
+        AdapterGrantPublic.model_validate(g) for g in crud.read_adapter(session, adapter_id).grants
+    ]
 
 
 @router.post(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, Query, status
 
 from loraplex.platform import crud
@@ -35,8 +36,11 @@ def read_tenants(
     admin: AdminDep,
     skip: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    q: Annotated[str | None, Query(max_length=64)] = None,
 ) -> TenantsPublic:
-    rows, count = crud.read_tenants(session, skip, limit)
+    """A page of tenants by id; `q`: only names containing it (case-insensitive); `count`:
+    how many match in all."""
+    rows, count = crud.read_tenants(session, skip, limit, q)
     return TenantsPublic(data=[TenantPublic.model_validate(t) for t in rows], count=count)
 
 
@@ -53,10 +57,18 @@ def update_tenant(
 
 
 @router.delete("/tenants/{tenant_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_tenant(session: SessionDep, state: StateDep, admin: AdminDep, tenant_id: int) -> None:
-    for adapter in crud.read_adapters(session, tenant_id):
-        crud.delete_adapter(session, state.adapter_store, adapter.id)  # files too
-    crud.delete_tenant(session, tenant_id)
+async def delete_tenant(state: StateDep, admin: AdminDep, tenant_id: int) -> None:
+    def delete() -> list[int]:
+        with state.db.session() as session:
+            crud.read_tenant(session, tenant_id)
+            adapter_ids = [a.id for a in crud.read_adapters(session, tenant_id)]
+            for adapter_id in adapter_ids:
+                crud.delete_adapter(session, state.adapter_store, adapter_id)  # files too
+            crud.delete_tenant(session, tenant_id)
+            return adapter_ids
+
+    for adapter_id in await anyio.to_thread.run_sync(delete):
+        await state.engine.engine.remove_lora(adapter_id)
 
 
 @router.post(
