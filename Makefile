@@ -10,7 +10,7 @@ SOURCES_ID := $(shell (cat pyproject.toml setup.py; find engine kernels platform
 	-not -path '*/__pycache__/*' | sort) | sha1sum | cut -c1-10)
 STAMP := $(VENV)/.installed-$(SOURCES_ID)
 
-.PHONY: demo test test-gpu lint format bench-offline setup wheel screenshots
+.PHONY: demo test test-gpu lint format bench-offline setup wheel server-wheels screenshots
 
 setup: $(STAMP)
 
@@ -49,6 +49,15 @@ format: $(STAMP)
 wheel: $(STAMP)
 	rm -rf .whl build/lib build/bdist.*
 	$(BIN)/python -m pip wheel -q --no-deps -w .whl .
+
+# The server's own dependencies as wheels for the GPU machine's Python 3.12 (it has torch, triton,
+# transformers and peft but no package index): bench/h200_run.sh's `serve` step installs them.
+server-wheels: $(STAMP)
+	rm -rf .whl/deps
+	$(BIN)/python -m pip download -q --dest .whl/deps --only-binary=:all: \
+		--python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+		fastapi 'uvicorn[standard]' sqlalchemy alembic pydantic pydantic-settings 'pyjwt[crypto]' \
+		prometheus-client python-multipart openai redis 'psycopg[binary]' jinja2
 
 # One screenshot per admin console page into admin-ui/screenshots/ (Debian's chromium).
 screenshots: $(STAMP)

@@ -54,11 +54,17 @@ for step in $steps; do
             --adapters "${MANY_ADAPTERS:-0,8,64,256,1024}" --rounds "${ROUNDS:-3}" \
             --json "$OUT/many_adapters.json" ${MANY_ARGS:-} 2>&1 | grep -v Loading \
             | tee "$OUT/many_adapters.txt";;
+    serve) # the server's dependencies from `make server-wheels` (carried in .whl/deps)
+           PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-index --find-links .whl/deps \
+             fastapi 'uvicorn[standard]' sqlalchemy alembic pydantic-settings 'pyjwt[crypto]' \
+             prometheus-client python-multipart openai redis 'psycopg[binary]' || exit 2
+           limit ${SERVE_TIMEOUT:-540} python3 bench/serve_bench.py --shape llama3-8b \
+             --json "$OUT/serve.json" ${SERVE_ARGS:-} 2>&1 | grep -v Loading | tee "$OUT/serve.txt";;
     prio) limit 240 python3 bench/priority_latency.py --shape llama3-8b --device cuda \
             --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
             --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
             | tee "$OUT/priority.txt";;
-    *) echo "unknown step $step (env gpu-tests kernels tput many prio)" >&2; false;;
+    *) echo "unknown step $step (env gpu-tests kernels tput many serve prio)" >&2; false;;
   esac
   rc=$?
   echo "=== $step: exit $rc"

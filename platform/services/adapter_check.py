@@ -12,7 +12,7 @@ import secrets
 import anyio
 
 from loraplex.engine.errors import InvalidAdapterError, InvalidParameterError
-from loraplex.engine.request import LoRARequest, SamplingParams
+from loraplex.engine.request import SamplingParams
 from loraplex.platform import crud
 from loraplex.platform.crud import AdapterRef
 from loraplex.platform.db import Adapter, AdapterStatus, Database
@@ -27,11 +27,11 @@ LOAD_CHECK_TIMEOUT_S = 120.0
 
 async def load_check(engine: EngineClient, ref: AdapterRef) -> str | None:
     """None when the engine loads the adapter and generates with it; else why not."""
-    lora = LoRARequest(lora_name=ref.model_id, lora_int_id=ref.adapter_id, lora_path=ref.path)
     try:
         with anyio.fail_after(LOAD_CHECK_TIMEOUT_S):
-            # Without a content hash the engine loads it now, in its thread, validating it.
-            await engine.engine.add_lora(lora)
+            # The generation loads it: in the background, on the engine's loader threads, as
+            # any request's adapter (never a pause of the engine's steps); a load that fails
+            # raises here.
             return await _generate(engine, ref)
     except InvalidAdapterError as e:
         return f"the engine could not load it: {e}"

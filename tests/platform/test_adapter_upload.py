@@ -154,11 +154,12 @@ async def test_an_adapter_failing_its_load_check_is_never_served(
     the latter."""
     tenant, headers = await server.tenant("acme")
 
-    async def failing_add_lora(lora_request: LoRARequest) -> None:
-        raise InvalidAdapterError("injected: out of adapter memory")
+    def failing_load(lora_request: LoRARequest) -> None:
+        raise InvalidAdapterError("injected: the weights could not be read")
 
+    loader = server.state.engine.engine.engine.lora_manager.loader  # the in-process engine's
     with monkeypatch.context() as patch:
-        patch.setattr(server.state.engine.engine, "add_lora", failing_add_lora)
+        patch.setattr(loader, "load", failing_load)
         r = await upload(server, tenant["id"], "broken", adapter_files(adapter_sources["r4"]))
     assert r.status_code == 201, r.text
     failed = r.json()

@@ -1,0 +1,231 @@
+"""Online serving: the real server under Poisson load, beside the offline engine on the same requests.
+
+    python bench/serve_bench.py --shape llama3-8b --num-prompts 512 --rates 8,16,inf \\
+        --adapters 8 --json out.json
+
+Starts `loraplex serve` (SQLite, the in-process rate limiter, the engine in its own process) on
+a Llama-3-8B-shape random model, registers a tenant with limits out of the way, its key and
+`--adapters` random adapters (rank 16 on all 7 projections) through the CLI, then sends the
+requests through the `openai` client, streaming, as a Poisson process at each `--rates` request
+rate (`inf`: all at once, saturation); requests spread round-robin over the adapters and the base
+model. Reports per rate: output tok/s, time to first token and inter-token latency p50 / p90 /
+p99. Last, with the server stopped, the offline engine (`LLM.generate`) runs the same requests:
+the server's throughput at saturation is reported against it. Prompts are fresh random tokens
+for every rate (prefix caching would otherwise serve repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from openai import AsyncOpenAI
+from workload import LORA_MODULES, write_random_adapter, write_shape_checkpoint
+
+from loraplex.engine import LLM, LoRARequest, SamplingParams
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+LORAPLEX = [
+    sys.executable,
+    "-c",
+    "from loraplex.platform.cli import main; raise SystemExit(main())",
+]
+
+
+def cli(env: dict[str, str], *args: str) -> str:
+    command = [*LORAPLEX, *args]
+    return subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
+
+
+def random_prompts(
+    count: int, min_len: int, max_len: int, vocab_size: int, seed: int
+) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab_size) for _ in range(rng.randint(min_len, max_len))]
+            for _ in range(count)]  # fmt: skip
+
+
+async def one_request(
+    client: AsyncOpenAI, model: str, prompt: list[int], output_len: int
+) -> tuple[float | None, list[float], int]:
+    """(time to first token, inter-token gaps, output tokens) of one streamed completion."""
+    start = time.perf_counter()
+    first, last, gaps, tokens = None, None, [], 0
+    stream = await client.completions.create(
+        model=model, prompt=prompt, max_tokens=output_len, temperature=0.0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    async for chunk in stream:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        if not chunk.choices or not chunk.choices[0].text:
+            continue
+        now = time.perf_counter()
+        if first is None:
+            first = now - start
+        elif last is not None:
+            gaps.append(now - last)
+        last = now
+    return first, gaps, tokens
+
+
+async def run_rate(
+    base_url: str, key: str, models: list[str], prompts: list[list[int]], rate: float,
+    output_len: int, seed: int,
+) -> dict:  # fmt: skip
+    rng = random.Random(seed)
+    client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=3600)
+    tasks = []
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        tasks.append(asyncio.create_task(
+            one_request(client, models[i % len(models)], prompt, output_len)
+        ))  # fmt: skip
+        if math.isfinite(rate):
+            await asyncio.sleep(rng.expovariate(rate))
+    results = await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    await client.close()
+    ttfts = [r[0] for r in results if r[0] is not None]
+    gaps = [g for r in results for g in r[1]]
+    num_tokens = sum(r[2] for r in results)
+    return {
+        "rate": rate,
+        "seconds": elapsed,
+        "output_tok_s": num_tokens / elapsed,
+        "ttft_s": percentiles(ttfts),
+        "itl_s": percentiles(gaps),
+    }
+
+
+def offline_tok_s(
+    model_dir: Path, adapters: list[Path], prompts: list[list[int]], output_len: int
+) -> float:
+    llm = LLM(str(model_dir), load_format="dummy", enable_prefix_caching=False)
+    loras: list[LoRARequest | None] = [None]
+    loras += [LoRARequest(f"a{i}", i + 1, str(p)) for i, p in enumerate(adapters)]
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    per_request = [loras[i % len(loras)] for i in range(len(prompts))]
+    llm.generate(requests[:64], params, lora_request=per_request[:64], use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    llm.generate(requests, params, lora_request=per_request, use_tqdm=False)
+    return len(prompts) * output_len / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--shape", default="llama3-8b", choices=["llama3-8b", "tiny"])
+    ap.add_argument("--num-prompts", type=int, default=512)
+    ap.add_argument("--min-prompt", type=int, default=512)
+    ap.add_argument("--max-prompt", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--rates", default="8,16,inf", help="requests/s; inf = all at once")
+    ap.add_argument("--adapters", type=int, default=8)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="loraplex-serve-"))
+    model_dir = write_shape_checkpoint(args.shape, tmp / args.shape)
+    config = json.loads((model_dir / "config.json").read_text())
+    adapters = [
+        write_random_adapter(tmp / f"adapter{i}", config, 16, seed=i, modules=LORA_MODULES)
+        for i in range(args.adapters)
+    ]
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")},
+        "LORAPLEX_DATA_DIR": str(tmp / "data"),
+        "LORAPLEX_MODEL": str(model_dir),
+        "LORAPLEX_PORT": str(port),
+        "LORAPLEX_MAX_NUM_SEQS": "256",
+        "LORAPLEX_MAX_WAITING_REQUESTS": "100000",
+        "LORAPLEX_MAX_WAITING_TOKENS": "1000000000",
+        "LORAPLEX_ENGINE_ARGS": json.dumps(
+            {"load_format": "dummy", "enable_prefix_caching": False}
+        ),
+    }
+    cli(env, "db", "upgrade")
+    cli(env, "tenants", "create", "bench", "--rpm", "1000000", "--tpm", "1000000000",
+        "--concurrency", "100000")  # fmt: skip
+    key = re.search(r"lpx-\S+", cli(env, "keys", "create", "bench"))
+    assert key is not None, "no API key printed"
+    models = [model_dir.name]
+    for i, path in enumerate(adapters):
+        cli(env, "adapters", "add", "--tenant", "bench", "--name", f"a{i}",
+            "--model", str(model_dir), str(path))  # fmt: skip
+        models.append(f"a{i}")
+    server = subprocess.Popen(
+        [*LORAPLEX, "serve"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    base_url = f"http://127.0.0.1:{port}"
+    results: dict = {"args": vars(args), "rates": []}
+    try:
+        deadline = time.monotonic() + 1200
+        while not _ready(base_url):
+            assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(1)
+        for i, rate in enumerate(float(r) for r in args.rates.split(",")):
+            prompts = random_prompts(
+                args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=i
+            )
+            run = asyncio.run(
+                run_rate(base_url, key[0], models, prompts, rate, args.output_len, seed=i)
+            )
+            results["rates"].append(run)
+            print(json.dumps(run), flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=120)
+    prompts = random_prompts(
+        args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=99
+    )
+    offline = offline_tok_s(model_dir, adapters, prompts, args.output_len)
+    results["offline_output_tok_s"] = offline
+    saturated = [r for r in results["rates"] if not math.isfinite(r["rate"])]
+    if saturated:
+        results["server_over_offline"] = saturated[0]["output_tok_s"] / offline
+    print(f"offline engine: {offline:.1f} output tok/s; server at saturation: "
+          f"{results.get('server_over_offline', float('nan')):.3f}x", flush=True)  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+def _ready(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
