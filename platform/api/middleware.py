@@ -16,12 +16,15 @@ import secrets
 import time
 from typing import Any
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("loraplex.access")
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+# Logged for a request whose client left before its response started (nginx's code).
+CLIENT_CLOSED = 499
 
 
 class RequestIdLogFilter(logging.Filter):
@@ -100,14 +103,21 @@ class RequestContextMiddleware:
             await reject(*error)
             return
 
+        # Every request is bound to its connection: a client that leaves before its response
+        # starts cancels the handler wherever it is (planning, admission, queued in the
+        # engine, generating), and the handler's own clean-up aborts the engine request and
+        # settles its limits and usage. Once a response has started, Starlette's streaming
+        # response watches the connection itself.
         replayed = False
+        disconnected = anyio.Event()
 
         async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: waits for http.disconnect
+            await disconnected.wait()  # the watcher below owns the connection's receive
+            return {"type": "http.disconnect"}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -121,13 +131,26 @@ class RequestContextMiddleware:
                 }
             await send(message)
 
-        try:
-            await self.app(scope, replay, send_with_id)
-        except Exception:
-            logger.exception("unhandled error")
-            if status_holder[0]:
-                raise  # the response started; the server closes the connection
-            await reject(500, "internal server error")
+        async with anyio.create_task_group() as tg:
+
+            async def watch_connection() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                disconnected.set()
+                if not status_holder[0]:
+                    status_holder[0] = CLIENT_CLOSED
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_connection)
+            try:
+                await self.app(scope, replay, send_with_id)
+            except Exception:
+                logger.exception("unhandled error")
+                if status_holder[0]:
+                    raise  # the response started; the server closes the connection
+                await reject(500, "internal server error")
+            finally:
+                tg.cancel_scope.cancel()  # stop watching
 
     def _request_id(self, scope: Scope) -> str:
         for key, value in scope["headers"]:

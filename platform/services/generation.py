@@ -53,24 +53,27 @@ async def admit(state: AppState, tenant: TenantContext, plan: GenerationPlan) ->
     except EngineOverloadedError:
         state.metrics.observe_rate_limited(tenant.name, "engine_overloaded")
         raise
-    decision = await state.limiter.acquire(
-        str(tenant.tenant_id), tenant.limits, plan.reserved_tokens
+    # Shielded: a client that leaves now must not strand a reservation the limiter has taken.
+    # The run is built in the same scope, and the caller settles it on any exit.
+    with anyio.CancelScope(shield=True):
+        decision = await state.limiter.acquire(
+            str(tenant.tenant_id), tenant.limits, plan.reserved_tokens
+        )
+        if decision.allowed:
+            return GenerationRun(state, tenant, plan, decision)
+    kind = decision.kind or "requests"
+    state.metrics.observe_rate_limited(tenant.name, kind)
+    detail = (
+        "this request needs more tokens than the limit allows per minute"
+        if decision.exceeds_capacity
+        else "retry after the time in retry-after"
     )
-    if not decision.allowed:
-        kind = decision.kind or "requests"
-        state.metrics.observe_rate_limited(tenant.name, kind)
-        detail = (
-            "this request needs more tokens than the limit allows per minute"
-            if decision.exceeds_capacity
-            else "retry after the time in retry-after"
-        )
-        raise RateLimitedError(
-            f"Rate limit reached for {kind}: {detail}.",
-            kind=kind,
-            retry_after_s=decision.retry_after_s or 1.0,
-            headers=rate_limit_headers(decision),
-        )
-    return GenerationRun(state, tenant, plan, decision)
+    raise RateLimitedError(
+        f"Rate limit reached for {kind}: {detail}.",
+        kind=kind,
+        retry_after_s=decision.retry_after_s or 1.0,
+        headers=rate_limit_headers(decision),
+    )
 
 
 class GenerationRun:
@@ -98,16 +101,20 @@ class GenerationRun:
         state.metrics.request_started(tenant.name)
 
     async def outputs(self) -> AsyncGenerator[RequestOutput, None]:
+        """The engine's cumulative outputs. However the consumer leaves (done, failed, or
+        cancelled by a client disconnect at any point), the engine request is ended and the
+        run settled with the engine's own final counts."""
         status: RequestStatus | None = None  # stays None if cancelled or the consumer leaves
+        stream = self.state.engine.generate(
+            request_id=self.plan.request_id,
+            prompt_token_ids=self.plan.prompt_token_ids,
+            sampling_params=self.plan.sampling_params,
+            adapter=self.plan.adapter,
+            priority=self.plan.priority,
+            tenant_key=str(self.tenant.tenant_id),
+        )
         try:
-            async for output in self.state.engine.generate(
-                request_id=self.plan.request_id,
-                prompt_token_ids=self.plan.prompt_token_ids,
-                sampling_params=self.plan.sampling_params,
-                adapter=self.plan.adapter,
-                priority=self.plan.priority,
-                tenant_key=str(self.tenant.tenant_id),
-            ):
+            async for output in stream:
                 self._observe(output)
                 if output.finished:
                     status = _status_of(output)
@@ -118,20 +125,26 @@ class GenerationRun:
             raise
         finally:
             # Shielded: on a client disconnect this runs inside a cancelled scope, and the
-            # refund, usage row and metrics must not be lost with the request.
+            # abort, the refund, the usage row and the metrics must not be lost with it.
             with anyio.CancelScope(shield=True):
+                final = await stream.close()
+                if final is not None:
+                    self._count(final)
                 await self.finish(status or "aborted")
 
     def _observe(self, output: RequestOutput) -> None:
-        num_tokens = sum(len(o.token_ids) for o in output.outputs)
-        if num_tokens > self.num_completion_tokens:
+        if sum(len(o.token_ids) for o in output.outputs) > self.num_completion_tokens:
             now = time.monotonic()
             if self._first_token_at is None:
                 self._first_token_at = now
             elif self._last_token_at is not None:
                 self._gaps.append(now - self._last_token_at)
             self._last_token_at = now
-        self.num_completion_tokens = num_tokens
+        self._count(output)
+
+    def _count(self, output: RequestOutput) -> None:
+        """Token counts as the engine has them in `output` (cumulative)."""
+        self.num_completion_tokens = sum(len(o.token_ids) for o in output.outputs)
         self.num_cached_tokens = output.num_cached_tokens
 
     async def finish(self, status: RequestStatus) -> None:
