@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     # Request caps (DoS through parameters)
     max_prompt_tokens: int | None = None  # default: max_model_len - 1
     max_completion_tokens: int = Field(default=4096, ge=1)
+    # Tokens per choice held against tokens-per-minute at admission when a request leaves out
+    # max_tokens; what it generates beyond them is charged as it streams.
+    reserved_completion_tokens: int = Field(default=256, ge=1)
     max_messages: int = Field(default=1024, ge=1)
 
     # Backpressure: beyond these engine queue depths new requests get 429 engine_overloaded.

@@ -39,6 +39,7 @@ SERVER_ERROR = "server_error"
 # First match wins: subclasses before their bases.
 _KNOWN: list[tuple[type[Exception], int, str, str | None]] = [
     (e.ContextLengthExceededError, 400, INVALID_REQUEST, "context_length_exceeded"),
+    (e.RequestTooLargeError, 400, INVALID_REQUEST, "request_too_large"),
     (e.InvalidRequestError, 400, INVALID_REQUEST, None),
     (RequestTooLongError, 400, INVALID_REQUEST, "context_length_exceeded"),
     (InvalidParameterError, 400, INVALID_REQUEST, None),

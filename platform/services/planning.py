@@ -123,6 +123,7 @@ def build_plan(
     max_tokens = resolve_max_tokens(
         state, requested_max_tokens, len(prompt_token_ids), max_tokens_param
     )
+    given = requested_max_tokens is not None
     return GenerationPlan(
         request_id=new_request_id(_ID_PREFIXES[endpoint]),
         endpoint=endpoint,
@@ -131,6 +132,11 @@ def build_plan(
         prompt_token_ids=prompt_token_ids,
         sampling_params=build_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs),
         priority=resolve_priority(tenant, body.priority),
+        reserved_completion_tokens=(
+            max_tokens if given else min(max_tokens, state.settings.reserved_completion_tokens)
+        ),
+        max_tokens_given=given,
+        budget_param=max_tokens_param if given else prompt_param,
     )
 
 
