@@ -22,5 +22,9 @@ for top in TOP_LEVEL:
 
 # py.typed (PEP 561): type checkers read the installed package's own annotations.
 package_data = {f"loraplex.{top}": ["py.typed"] for top in TOP_LEVEL}
+# The API docs pages' vendored scripts, styles and their licences (platform/api/docs.py).
+for assets in ("swagger_ui", "redoc"):
+    package_data[f"loraplex.platform.api.docs_assets.{assets}"] = ["*"]
+package_data["loraplex.platform.api.docs_assets"] = ["README.md"]
 
 setup(packages=packages, package_dir=package_dir, package_data=package_data)

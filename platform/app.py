@@ -19,7 +19,9 @@ from loraplex.engine.async_engine import AsyncEngine
 from loraplex.platform.api import (
     RequestContextMiddleware,
     api_router,
+    install_docs,
     install_error_handlers,
+    install_openapi,
 )
 from loraplex.platform.auth import TokenCodec
 from loraplex.platform.db import Database, check_migrated
@@ -123,9 +125,13 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
         version="0.1.0",
         lifespan=lifespan,
         summary="Multi-tenant LoRA serving with an OpenAI-compatible API",
+        docs_url=None,  # served from vendored assets instead of a CDN (api/docs.py)
+        redoc_url=None,
     )
     install_error_handlers(app)
     app.include_router(api_router)
+    install_openapi(app)
+    install_docs(app)
     app.add_middleware(
         RequestContextMiddleware,
         max_body_bytes=settings.max_body_bytes,

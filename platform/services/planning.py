@@ -13,12 +13,11 @@ from loraplex.engine.request import SamplingParams
 from loraplex.platform.auth import TenantContext
 from loraplex.platform.crud import AdapterRef, resolve_model
 from loraplex.platform.errors import ContextLengthExceededError, InvalidRequestError
-from loraplex.platform.schemas.openai_requests import SamplingFields
+from loraplex.platform.schemas.openai_requests import MAX_PRIORITY, SamplingFields
 from loraplex.platform.services.generation import GenerationPlan
 from loraplex.platform.state import AppState
 from loraplex.platform.usage import Endpoint
 
-MAX_PRIORITY = 1000
 _OPTIONAL_SAMPLING = (
     "temperature",
     "top_p",

@@ -13,6 +13,7 @@ from starlette.background import BackgroundTask
 
 from loraplex.platform import crud
 from loraplex.platform.api.deps import CurrentTenant, RateLimitHeaders, SessionDep, StateDep
+from loraplex.platform.api.openapi import error_responses
 from loraplex.platform.api.streaming import start_stream
 from loraplex.platform.schemas import ChatCompletionRequest, CompletionRequest, ModelList
 from loraplex.platform.schemas.openai_requests import SamplingFields
@@ -56,7 +57,17 @@ def read_models(state: StateDep, session: SessionDep, tenant: CurrentTenant) -> 
     return ModelList(data=cards)
 
 
-@router.post("/completions", response_model=CompletionResponse)
+# Beyond every tenant route's errors: the model does not resolve, a body too large, the
+# tenant's limits or the engine's queue (429), the engine failing the request.
+GENERATION_ERRORS = error_responses(404, 413, 429, 500)
+# A stream's 200 is server-sent events: `data: {chunk}` lines, then `data: [DONE]`.
+GENERATION_CONTENT = {
+    200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    **GENERATION_ERRORS,
+}
+
+
+@router.post("/completions", response_model=CompletionResponse, responses=GENERATION_CONTENT)
 async def create_completion(
     body: CompletionRequest, state: StateDep, tenant: CurrentTenant
 ) -> Response:
@@ -64,7 +75,9 @@ async def create_completion(
     return await _serve(run, body, stream_completion, collect_completion)
 
 
-@router.post("/chat/completions", response_model=ChatCompletionResponse)
+@router.post(
+    "/chat/completions", response_model=ChatCompletionResponse, responses=GENERATION_CONTENT
+)
 async def create_chat_completion(
     body: ChatCompletionRequest, state: StateDep, tenant: CurrentTenant
 ) -> Response:

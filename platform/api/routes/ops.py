@@ -5,10 +5,16 @@ from __future__ import annotations
 from typing import Literal
 
 import anyio
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from loraplex.platform.api.deps import StateDep, get_admin, get_credential
+from loraplex.platform.api.deps import (
+    StateDep,
+    declare_admin_credentials,
+    get_admin,
+    get_credential,
+)
+from loraplex.platform.api.openapi import error_responses
 
 router = APIRouter(tags=["ops"])
 
@@ -40,11 +46,15 @@ async def read_ready(state: StateDep) -> JSONResponse:
     )
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    dependencies=[Depends(declare_admin_credentials)],
+    responses=error_responses(400, 401, 403, 503),
+)
 def read_metrics(request: Request, state: StateDep) -> Response:
     """Prometheus exposition. Needs an admin token unless LORAPLEX_PUBLIC_METRICS is set:
     labels name tenants and adapters."""
     if not state.settings.public_metrics:
-        get_admin(state, get_credential(request))
+        get_admin(state, get_credential(request), None)
     state.metrics.update_engine_gauges(state.engine.get_stats())
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
