@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
@@ -158,9 +159,12 @@ def main() -> None:
     results = {
         "model": model,
         "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),  # other work on the machine skews timings
         "prefill": prefill_rounds(model, args),
         "interactive": asyncio.run(interactive_latency(model, args)),
     }
+    results["load_average_at_end"] = os.getloadavg()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "cpu_prefill.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
+from sqlalchemy import exc as sa_exc
 
 from loraplex.engine.async_engine import AsyncEngine
 from loraplex.platform.api import (
@@ -49,10 +50,26 @@ async def _load_engine(settings: Settings) -> AsyncEngine:
     )
 
 
+async def _check_schema(db: Database) -> bool:
+    """Refuse a database that answers with the wrong schema. One that does not answer yet is
+    no reason not to start: requests get a retryable 503 meanwhile, /ready says why and checks
+    the schema once the database is back. True if the schema was checked now."""
+    try:
+        await anyio.to_thread.run_sync(check_migrated, db.engine)
+    except (sa_exc.OperationalError, sa_exc.InterfaceError) as e:
+        logger.warning(
+            "the registry database does not answer (%s); serving anyway: requests get 503 "
+            "and /ready says why until it does",
+            type(e.orig or e).__name__,
+        )
+        return False
+    return True
+
+
 async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppState:
     db = Database(settings.resolved_database_url)
     try:
-        await anyio.to_thread.run_sync(check_migrated, db.engine)
+        schema_verified = await _check_schema(db)
         metrics = Metrics()
         limiter = create_rate_limiter(
             settings.redis_url,
@@ -86,6 +103,7 @@ async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppStat
         tokens=TokenCodec(settings),
         adapter_store=AdapterStore(settings.resolved_adapter_dir),
         api_key_secret=settings.api_key_hash_secret(),
+        schema_verified=schema_verified,
     )
 
 

@@ -25,3 +25,5 @@ class AppState:
     tokens: TokenCodec
     adapter_store: AdapterStore
     api_key_secret: bytes
+    # The schema was found at the code's head (False while the database was down at start).
+    schema_verified: bool = True

@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy import exc as sa_exc
 
 from loraplex.platform.api import RequestIdLogFilter
 from loraplex.platform.app import create_app
@@ -77,8 +78,11 @@ def serve(args: argparse.Namespace) -> int:
             setup, f"http://{settings.host}:{settings.port}", Path(settings.model).name
         )
     else:
-        with registry(settings):  # an unmigrated database is refused before the model loads
-            pass
+        try:
+            with registry(settings):  # an unmigrated database is refused before the model loads
+                pass
+        except (sa_exc.OperationalError, sa_exc.InterfaceError):
+            pass  # not answering yet: the app starts anyway and /ready says why
     app = create_app(settings)
     config = uvicorn.Config(
         app,

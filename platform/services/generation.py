@@ -205,20 +205,22 @@ class GenerationRun:
                 await state.limiter.release(reservation, num_prompt + self.num_completion_tokens)
         except Exception:
             logger.exception("rate-limit release failed for %s", plan.request_id)
-        state.usage.record(
-            UsageEvent(
-                request_id=plan.request_id,
-                tenant_id=tenant.tenant_id,
-                api_key_id=tenant.api_key_id,
-                adapter_id=plan.adapter.adapter_id if plan.adapter else None,
-                model=plan.model,
-                endpoint=plan.endpoint,
-                prompt_tokens=num_prompt,
-                completion_tokens=self.num_completion_tokens,
-                latency_ms=int(elapsed * 1000),
-                status=status,
-            )
+        usage = UsageEvent(
+            request_id=plan.request_id,
+            tenant_id=tenant.tenant_id,
+            api_key_id=tenant.api_key_id,
+            adapter_id=plan.adapter.adapter_id if plan.adapter else None,
+            model=plan.model,
+            endpoint=plan.endpoint,
+            prompt_tokens=num_prompt,
+            completion_tokens=self.num_completion_tokens,
+            latency_ms=int(elapsed * 1000),
+            status=status,
         )
+        if status == "aborted":  # nobody waits for this answer
+            state.usage.record(usage)
+        else:  # the client sees the end only once its usage row is committed
+            await state.usage.write(usage)
         state.metrics.request_finished(tenant.name)
         ttft = (self._first_token_at - self.started) if self._first_token_at else None
         state.metrics.observe_request(
