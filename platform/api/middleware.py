@@ -1,4 +1,5 @@
-"""RequestContextMiddleware: request ids, header and body caps, access logs, last-resort 500s.
+"""RequestContextMiddleware: request ids, header and body caps, access logs, last-resort 500s,
+each request bound to its connection, redirects kept on this server.
 
 A pure ASGI middleware (no BaseHTTPMiddleware) so that streaming responses and client
 disconnects pass through untouched. Bodies are read up to `max_body_bytes` before the app sees
@@ -15,6 +16,7 @@ import re
 import secrets
 import time
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -56,6 +58,18 @@ def _error_body(status: int, message: str, request_id: str) -> tuple[dict[str, A
         ],
     }
     return start, body
+
+
+def _relative_location(key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """Redirects (Starlette's trailing-slash ones) point at a path of this server only: a
+    `Location` built from the client's Host header would send clients, and caches, wherever
+    that header says (open redirect, cache poisoning). Every redirect here is same-origin."""
+    if key.lower() != b"location":
+        return key, value
+    url = urlsplit(value.decode("latin-1"))
+    if not url.scheme and not url.netloc:
+        return key, value
+    return key, urlunsplit(("", "", url.path or "/", url.query, url.fragment)).encode("latin-1")
 
 
 class RequestContextMiddleware:
@@ -125,7 +139,7 @@ class RequestContextMiddleware:
                 message = {
                     **message,
                     "headers": [
-                        *message.get("headers", ()),
+                        *(_relative_location(k, v) for k, v in message.get("headers", ())),
                         (b"x-request-id", request_id.encode()),
                     ],
                 }

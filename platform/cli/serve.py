@@ -66,6 +66,17 @@ def configure_logging(level: LogLevel) -> None:
         handler.addFilter(RequestIdLogFilter())
 
 
+def _this_program() -> str:
+    """How the user ran `loraplex` (`.venv/bin/loraplex` from the repo), for the banner."""
+    program = Path(sys.argv[0])
+    if program.name != "loraplex":
+        return "loraplex"
+    try:
+        return str(program.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(program)
+
+
 def serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging(settings.log_level)
@@ -75,7 +86,11 @@ def serve(args: argparse.Namespace) -> int:
     if args.demo:
         setup = bootstrap_demo(settings)
         banner = demo_banner(
-            setup, f"http://{settings.host}:{settings.port}", Path(settings.model).name
+            setup,
+            f"http://{settings.host}:{settings.port}",
+            Path(settings.model),
+            settings.data_dir,
+            _this_program(),
         )
     else:
         try:

@@ -89,8 +89,8 @@ def test_schemathesis(
         admin_token = server.app_state.tokens.issue_admin_token("schemathesis", 3600)
         env = {
             **os.environ,
-            "LORAPLEX_ST_TENANT_KEY": key,
-            "LORAPLEX_ST_ADMIN_TOKEN": admin_token,
+            "ST_TENANT_KEY": key,
+            "ST_ADMIN_TOKEN": admin_token,
             "SCHEMATHESIS_HOOKS": "",
         }
         st = Path(sys.executable).with_name("st")
