@@ -24,8 +24,9 @@ $(STAMP):
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# `make demo PORT=8001` serves on another port (so does LORAPLEX_PORT=8001).
 demo: $(STAMP)
-	$(BIN)/loraplex serve --demo
+	$(BIN)/loraplex serve --demo $(if $(PORT),--port $(PORT))
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

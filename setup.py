@@ -23,6 +23,10 @@ for top in TOP_LEVEL:
 
 # py.typed (PEP 561): type checkers read the installed package's own annotations.
 package_data = {f"loraplex.{top}": ["py.typed"] for top in TOP_LEVEL}
+# The API docs pages' vendored scripts, styles and their licences (platform/api/docs.py).
+for assets in ("swagger_ui", "redoc"):
+    package_data[f"loraplex.platform.api.docs_assets.{assets}"] = ["*"]
+package_data["loraplex.platform.api.docs_assets"] = ["README.md"]
 
 # The admin console ships inside the wheel (served at /admin); its screenshots stay in the repo.
 ADMIN_UI_FILES = ("*.html", "*.css", "src/*.js", "src/pages/*.js", "vendor/*")

@@ -157,7 +157,9 @@ class AsyncEngine:
         """Stream cumulative outputs of one request until it finishes.
 
         Invalid requests raise before anything is yielded. Leaving the loop early (or the
-        task being cancelled, e.g. on client disconnect) aborts the request at once.
+        task being cancelled, e.g. on client disconnect) aborts the request at once. For a
+        token-id prompt the add is queued before the first suspension, so an `abort()` issued
+        once the first `__anext__` has begun is applied after the add (commands run in order).
         """
         if not self.is_running:
             raise EngineDeadError(self._dead or "the engine is not running")

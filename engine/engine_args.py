@@ -6,6 +6,7 @@ from dataclasses import fields
 from typing import Any
 
 from loraplex.engine.config import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     CacheConfig,
     EngineConfig,
     LoRAConfig,
@@ -13,6 +14,7 @@ from loraplex.engine.config import (
     SchedulerConfig,
 )
 from loraplex.engine.errors import ConfigError
+from loraplex.engine.model.weight_loader import resolve_device
 
 _SECTIONS: dict[str, type] = {
     "model": ModelConfig,
@@ -23,9 +25,14 @@ _SECTIONS: dict[str, type] = {
 
 
 def create_engine_config(model: str, **kwargs: Any) -> EngineConfig:
-    """Route each keyword to the config section that declares it; unknown ones are an error."""
+    """Route each keyword to the config section that declares it; unknown ones are an error.
+    Without `max_num_batched_tokens`, the device's default budget."""
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     sections["model"]["model"] = model
+    if "max_num_batched_tokens" not in kwargs:
+        device = resolve_device(kwargs.get("device", "auto")).type
+        budget = DEFAULT_MAX_NUM_BATCHED_TOKENS.get(device, DEFAULT_MAX_NUM_BATCHED_TOKENS["cpu"])
+        sections["scheduler"]["max_num_batched_tokens"] = budget
     for key, value in kwargs.items():
         owner = next(
             (name for name, cls in _SECTIONS.items() if key in {f.name for f in fields(cls)}), None

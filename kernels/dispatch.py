@@ -1,4 +1,5 @@
-"""Pick the Triton kernel for CUDA tensors and the reference for everything else."""
+"""Pick the Triton kernel for CUDA tensors, a CPU fast path where one exists (`kernels/cpu/`,
+tested against the reference) for CPU tensors, and the reference for everything else."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ from typing import Any
 
 import torch
 
-from loraplex.kernels import reference
+from loraplex.kernels import cpu, reference
+
+
+@functools.cache
+def _reference_forced() -> bool:
+    return os.environ.get("LORAPLEX_KERNELS", "auto") == "reference"
 
 
 @functools.cache
 def _triton_available() -> bool:
-    if os.environ.get("LORAPLEX_KERNELS", "auto") == "reference":
+    if _reference_forced():
         return False
     try:
         import triton  # noqa: F401
@@ -30,7 +36,7 @@ def _use_triton(t: torch.Tensor) -> bool:
 # The Triton package is imported on the first CUDA call only, so CPU hosts need no Triton.
 
 
-def _dispatch(name: str) -> Callable[..., Any]:
+def _dispatch(name: str, cpu_fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
     reference_fn = getattr(reference, name)
 
     @functools.wraps(reference_fn)
@@ -39,12 +45,14 @@ def _dispatch(name: str) -> Callable[..., Any]:
             from loraplex.kernels import triton as triton_kernels
 
             return getattr(triton_kernels, name)(first, *args, **kwargs)
+        if cpu_fn is not None and first.device.type == "cpu" and not _reference_forced():
+            return cpu_fn(first, *args, **kwargs)
         return reference_fn(first, *args, **kwargs)
 
     return call
 
 
-paged_attention = _dispatch("paged_attention")
+paged_attention = _dispatch("paged_attention", cpu.paged_attention)
 reshape_and_cache = _dispatch("reshape_and_cache")
 lora_shrink = _dispatch("lora_shrink")
 lora_expand = _dispatch("lora_expand")

@@ -15,13 +15,16 @@ from pathlib import Path
 
 import anyio
 from fastapi import FastAPI
+from sqlalchemy import exc as sa_exc
 
 from loraplex.engine.async_engine import AsyncEngine
 from loraplex.platform.adapter_validator import engine_adapter_validator
 from loraplex.platform.api import (
     RequestContextMiddleware,
     api_router,
+    install_docs,
     install_error_handlers,
+    install_openapi,
 )
 from loraplex.platform.api.admin_console import AdminConsole, admin_ui_dir
 from loraplex.platform.auth import TokenCodec
@@ -54,12 +57,29 @@ async def _load_engine(settings: Settings) -> AsyncEngine:
     )
 
 
+async def _check_schema(db: Database) -> bool:
+    """Refuse a database that answers with the wrong schema. One that does not answer yet is
+    no reason not to start: requests get a retryable 503 meanwhile, /ready says why and checks
+    the schema once the database is back. True if the schema was checked now."""
+    try:
+        await anyio.to_thread.run_sync(check_migrated, db.engine)
+    except (sa_exc.OperationalError, sa_exc.InterfaceError) as e:
+        logger.warning(
+            "the registry database does not answer (%s); serving anyway: requests get 503 "
+            "and /ready says why until it does",
+            type(e.orig or e).__name__,
+        )
+        return False
+    return True
+
+
 async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppState:
     db = Database(settings.resolved_database_url)
     store = AdapterStore(settings.resolved_adapter_dir)
     try:
-        await anyio.to_thread.run_sync(check_migrated, db.engine)
-        await anyio.to_thread.run_sync(reconcile_adapters, db, store)
+        schema_verified = await _check_schema(db)
+        if schema_verified:  # else skipped: the next start reconciles and finishes checks
+            await anyio.to_thread.run_sync(reconcile_adapters, db, store)
         metrics = Metrics()
         limiter = create_rate_limiter(
             settings.redis_url,
@@ -73,7 +93,8 @@ async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppStat
         )
         client.engine.observe_adapter_loads(metrics.observe_adapter_load)
         await client.start()
-        await check_pending_adapters(db, client)
+        if schema_verified:
+            await check_pending_adapters(db, client)
         usage = UsageWriter(
             db,
             batch_size=settings.usage_batch_size,
@@ -95,6 +116,7 @@ async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppStat
         adapter_store=store,
         api_key_secret=settings.api_key_hash_secret(),
         validate_adapter=_upload_validator(settings),
+        schema_verified=schema_verified,
     )
 
 
@@ -147,9 +169,13 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
         version="0.1.0",
         lifespan=lifespan,
         summary="Multi-tenant LoRA serving with an OpenAI-compatible API",
+        docs_url=None,  # served from vendored assets instead of a CDN (api/docs.py)
+        redoc_url=None,
     )
     install_error_handlers(app)
     app.include_router(api_router)
+    install_openapi(app)
+    install_docs(app)
     app.mount("/admin", AdminConsole(admin_ui_dir()), name="admin-console")
     app.add_middleware(
         RequestContextMiddleware,

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Sequence
 from typing import cast
 
 import anyio
@@ -19,6 +18,7 @@ from loraplex.engine.request import LoRARequest, RequestOutput, SamplingParams
 from loraplex.engine.stats import EngineStats
 from loraplex.engine.tokenizer import Tokenizer
 from loraplex.platform.crud import AdapterRef
+from loraplex.platform.engine_stream import EngineStream
 from loraplex.platform.errors import EngineOverloadedError, ServiceUnavailableError
 from loraplex.platform.ratelimit import BackpressureGate
 
@@ -95,7 +95,7 @@ class EngineClient:
                 "the engine is overloaded; retry later", retry_after_s=retry_after
             )
 
-    async def generate(
+    def generate(
         self,
         *,
         request_id: str,
@@ -104,9 +104,10 @@ class EngineClient:
         adapter: AdapterRef | None,
         priority: int,
         tenant_key: str,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream the engine's cumulative outputs. Leaving early (a client disconnect cancels
-        the consumer) aborts the engine request at once, returning its KV blocks."""
+    ) -> EngineStream:
+        """Start one engine request and return its stream of cumulative outputs. The caller
+        must `close()` it however it ends: that aborts the request if it is still running and
+        waits for the engine's last output, whose counts are the ones billed."""
         lora_request = None
         if adapter is not None:
             lora_request = LoRARequest(
@@ -115,30 +116,30 @@ class EngineClient:
                 lora_path=adapter.path,
                 content_hash=adapter.content_hash,
             )
+        # The tenant is both the fairness key and the prefix-cache salt: its cached prompt
+        # blocks are never shared with (nor timed by) another tenant (CVE-2025-46570).
+        source = self.engine.generate(
+            prompt_token_ids,
+            sampling_params,
+            request_id,
+            lora_request=lora_request,
+            priority=priority,
+            fairness_key=tenant_key,
+            cache_salt=tenant_key,
+        )
         self._inflight.add(request_id)
         self._idle.clear()
-        try:
-            # The tenant is both the fairness key and the prefix-cache salt: its cached prompt
-            # blocks are never shared with (nor timed by) another tenant (CVE-2025-46570).
-            stream = cast(
-                AsyncGenerator[RequestOutput, None],
-                self.engine.generate(
-                    prompt_token_ids,
-                    sampling_params,
-                    request_id,
-                    lora_request=lora_request,
-                    priority=priority,
-                    fairness_key=tenant_key,
-                    cache_salt=tenant_key,
-                ),
-            )
-            async with aclosing(stream):
-                async for output in stream:
-                    yield output
-        finally:
-            self._inflight.discard(request_id)
-            if not self._inflight:
-                self._idle.set()
+        return EngineStream(
+            request_id,
+            cast(AsyncGenerator[RequestOutput, None], source),
+            abort=lambda: self.engine.abort(request_id),
+            on_done=lambda: self._on_stream_done(request_id),
+        )
+
+    def _on_stream_done(self, request_id: str) -> None:
+        self._inflight.discard(request_id)
+        if not self._inflight:
+            self._idle.set()
 
     # ---- lifecycle ----------------------------------------------------------------------
 

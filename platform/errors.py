@@ -22,6 +22,11 @@ class ContextLengthExceededError(InvalidRequestError):
     """400 `context_length_exceeded`: prompt + max_tokens cannot fit the model's context."""
 
 
+class RequestTooLargeError(InvalidRequestError):
+    """400 `request_too_large`: the request can never fit the tenant's limits, so waiting
+    cannot help (unlike a 429)."""
+
+
 class AuthenticationError(LoraplexError):
     """401: no credential, or one that is not valid (unknown, revoked, expired, forged)."""
 

@@ -1,8 +1,11 @@
 """Service settings: the only place the platform reads environment variables (prefix LORAPLEX_).
 
 Everything has an embedded default (a SQLite file under `data_dir`, no Redis, the CPU), so
-`loraplex serve --demo` works on a bare machine. Secrets left unset are generated once and
-persisted under `data_dir` with mode 0600 — fine for the embedded default, logged as a warning.
+`loraplex serve --demo` works on a bare machine. `data_dir` is the user's data directory
+(`$XDG_DATA_HOME/loraplex`, else `~/.local/share/loraplex`), the same wherever a command runs.
+Secrets left unset are generated once, by the server or `loraplex db upgrade`, and persisted
+under `data_dir` with mode 0600 (fine for the embedded default, logged as a warning); the other
+commands refuse to work without them rather than mint new ones the server would not accept.
 """
 
 from __future__ import annotations
@@ -23,11 +26,21 @@ JWTAlgorithm = Literal["HS256", "RS256"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
+def default_data_dir() -> Path:
+    """The user's data directory for Loraplex: independent of the working directory."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "loraplex"
+
+
+class MissingSecretError(RuntimeError):
+    """A command needs a secret that only the server (or `loraplex db upgrade`) creates."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LORAPLEX_", extra="ignore")
 
     # Storage
-    data_dir: Path = Path("data")
+    data_dir: Path = Field(default_factory=default_data_dir)
     database_url: str | None = None  # default: sqlite file data_dir/loraplex.db
     redis_url: str | None = None  # unset: the in-process rate limiter
     redis_key_prefix: str = "loraplex:"
@@ -71,6 +84,9 @@ class Settings(BaseSettings):
     # Request caps (DoS through parameters)
     max_prompt_tokens: int | None = None  # default: max_model_len - 1
     max_completion_tokens: int = Field(default=4096, ge=1)
+    # Tokens per choice held against tokens-per-minute at admission when a request leaves out
+    # max_tokens; what it generates beyond them is charged as it streams.
+    reserved_completion_tokens: int = Field(default=256, ge=1)
     max_messages: int = Field(default=1024, ge=1)
 
     # Backpressure: beyond these engine queue depths new requests get 429 engine_overloaded.
@@ -124,15 +140,29 @@ class Settings(BaseSettings):
             raise RuntimeError(f"{variable} is needed to {use} RS256 tokens")
         return rs256_file.read_text()
 
-    def hs256_secret(self) -> str:
+    def hs256_secret(self, *, create: bool = True) -> str:
+        """The HS256 key: LORAPLEX_JWT_SECRET, else the one in data_dir (generated there when
+        `create`; MissingSecretError otherwise)."""
         if self.jwt_secret is None:
-            self.jwt_secret = SecretStr(_persisted_secret(self.data_dir / "jwt_secret"))
+            self.jwt_secret = SecretStr(self._persisted("jwt_secret", create))
         return self.jwt_secret.get_secret_value()
 
-    def api_key_hash_secret(self) -> bytes:
+    def api_key_hash_secret(self, *, create: bool = True) -> bytes:
+        """The HMAC key of API key hashes, as `hs256_secret` finds or makes it."""
         if self.api_key_secret is None:
-            self.api_key_secret = SecretStr(_persisted_secret(self.data_dir / "api_key_secret"))
+            self.api_key_secret = SecretStr(self._persisted("api_key_secret", create))
         return self.api_key_secret.get_secret_value().encode()
+
+    def _persisted(self, name: str, create: bool) -> str:
+        path = self.data_dir / name
+        if not create and not path.exists():
+            raise MissingSecretError(
+                f"no {name} in {self.data_dir} (LORAPLEX_DATA_DIR), so nothing made now would "
+                "match the server's: run this with the server's data directory, set "
+                f"LORAPLEX_{name.upper()}, or create it with `loraplex db upgrade` (or by "
+                "starting the server) first"
+            )
+        return _persisted_secret(path)
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `AsyncEngine.from_engine_args` (as `LLM(...)` takes them)."""

@@ -29,3 +29,5 @@ class AppState:
     api_key_secret: bytes
     validate_adapter: AdapterValidator  # the engine's own checks, against the served model
     uploads: UploadGuard = field(default_factory=UploadGuard)
+    # The schema was found at the code's head (False while the database was down at start).
+    schema_verified: bool = True

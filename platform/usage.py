@@ -1,9 +1,12 @@
 """UsageWriter: one usage record per request, written to the database in batches.
 
-Requests only append to an in-memory buffer (never blocking, never failing); a background task
-inserts batches off the event loop. A failed insert keeps the rows for the next attempt, so a
-database outage loses nothing unless the buffer overflows (`max_pending`, oldest dropped, and
-logged). `stop()` flushes everything left.
+A request appends its record to an in-memory buffer (never failing) and, with `write`, waits
+until the batch holding it is committed: the response a client sees complete always has its
+row, even if the process is killed right after (group commit: concurrent requests share one
+insert). A background task also inserts batches off the event loop. A failed insert keeps the
+rows for the next attempt (waiters give up after a bounded wait and the row stays queued), so
+a database outage loses nothing unless the buffer overflows (`max_pending`, oldest dropped,
+and logged) or the process dies before the database returns. `stop()` flushes everything left.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ Endpoint = Literal["completions", "chat.completions"]
 # ok: finished; error: failed (the engine's fault or a request it refused); aborted: the client
 # left or the server shut down before the end.
 RequestStatus = Literal["ok", "error", "aborted"]
+# How long a request waits for its row to be committed before answering anyway (the database
+# is down: the row stays queued and is written when it returns).
+DURABLE_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class UsageWriter:
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self._pending: deque[UsageEvent] = deque()
+        self._committed: dict[str, asyncio.Future[None]] = {}  # request id -> its row is in
         self._max_pending = max_pending
         self._wakeup = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -72,12 +79,32 @@ class UsageWriter:
     def record(self, event: UsageEvent) -> None:
         """Queue one record; never blocks, never raises."""
         if len(self._pending) >= self._max_pending:
-            self._pending.popleft()
+            dropped = self._pending.popleft()
+            self._settle(dropped.request_id)
             self.num_dropped += 1
             logger.error("usage buffer full (%d): dropped the oldest record", self._max_pending)
         self._pending.append(event)
         if len(self._pending) >= self.batch_size:
             self._wakeup.set()
+
+    async def write(self, event: UsageEvent, wait_s: float = DURABLE_WAIT_S) -> bool:
+        """Queue one record and wait until it is committed (the next batch goes at once);
+        False if that took longer than `wait_s` (it stays queued). Never raises."""
+        committed = asyncio.get_running_loop().create_future()
+        self._committed[event.request_id] = committed
+        self.record(event)
+        self._wakeup.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(committed), wait_s)
+        except TimeoutError:
+            logger.warning("usage of %s not committed yet: kept for retry", event.request_id)
+            return False
+        return True
+
+    def _settle(self, request_id: str) -> None:
+        committed = self._committed.pop(request_id, None)
+        if committed is not None and not committed.done():
+            committed.set_result(None)
 
     async def start(self) -> None:
         if self._task is None:
@@ -108,6 +135,8 @@ class UsageWriter:
                     logger.exception("usage insert failed; %d rows kept for retry", len(batch))
                     self._pending.extendleft(reversed(batch))
                     break
+                for event in batch:  # committed (or dropped for good: its tenant is gone)
+                    self._settle(event.request_id)
         self.num_written += written
         return written
 

@@ -2,7 +2,9 @@
 
 Each step hands out `max_num_batched_tokens` tokens: first to running requests (a decode
 needs 1, an unfinished prefill its next chunk; most urgent first under the priority policy),
-then to waiting ones in queue order, up to `max_num_seqs` running.
+then to waiting ones in queue order, up to `max_num_seqs` running. Under the priority policy a
+running prefill's chunk leaves room for waiting requests more urgent than it, so an urgent
+request starts at the next step boundary instead of waiting out a long prompt.
 
 Preemption frees room for others: when a running request has no blocks for its next tokens,
 or (priority policy) a waiting request is more urgent than a running one that blocks it, the
@@ -161,9 +163,12 @@ class Scheduler:
         for request in list(running):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
-            if num_new <= 0:
+            if step.budget <= 0:
                 break
+            remaining = request.num_tokens - request.num_computed_tokens
+            num_new = min(remaining, step.budget - self._left_for_urgent(request, step.budget))
+            if num_new <= 0:
+                continue  # its prefill waits a step for more urgent requests
             while not self.kv_cache_manager.allocate_slots(request, num_new):
                 victim = self._pick_victim()
                 self._preempt(victim, step)
@@ -297,6 +302,20 @@ class Scheduler:
             request.num_cached_tokens = num_cached
             kv.record_prefix_lookup(request.num_tokens, num_cached)
         return num_new
+
+    def _left_for_urgent(self, request: Request, budget: int) -> int:
+        """Priority admission between chunks: the part of the step a running request's next
+        prefill chunk leaves to waiting requests more urgent than it that could start now, so
+        they join this step without preempting it. Decodes (one token) leave nothing."""
+        if not self.is_priority or request.num_tokens - request.num_computed_tokens <= 1:
+            return 0
+        gate = self.adapter_gate
+        urgent = sum(
+            waiting.num_tokens - waiting.num_computed_tokens
+            for waiting in self.waiting
+            if waiting.priority < request.priority and (gate is None or gate.is_ready(waiting))
+        )
+        return min(urgent, budget)
 
     def _fork_parent_ready(self, request: Request) -> bool:
         """n > 1: a sibling shares the first one's prompt blocks once they are computed."""

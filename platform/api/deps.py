@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request, Response
+from fastapi import Depends, Request, Response, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from loraplex.platform.auth import (
@@ -24,6 +25,39 @@ from loraplex.platform.settings import Settings
 from loraplex.platform.state import AppState
 
 API_KEY_HEADER = "x-api-key"
+
+# The security schemes of the OpenAPI schema. They only declare where credentials travel;
+# `get_credential` reads them (and refuses two at once), `auth/` checks them.
+TENANT_BEARER = HTTPBearer(
+    scheme_name="TenantKey",
+    description="An API key (`lpx-...`) or a tenant JWT from POST /v1/auth/token",
+    auto_error=False,
+)
+TENANT_API_KEY = APIKeyHeader(
+    name=API_KEY_HEADER,
+    scheme_name="TenantApiKey",
+    description="The same credential in x-api-key instead (never both)",
+    auto_error=False,
+)
+ADMIN_BEARER = HTTPBearer(
+    scheme_name="AdminToken",
+    bearerFormat="JWT",
+    description="An admin JWT (`loraplex admin token`)",
+    auto_error=False,
+)
+
+
+def declare_tenant_credentials(
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(TENANT_BEARER)],
+    api_key: Annotated[str | None, Security(TENANT_API_KEY)],
+) -> None:
+    """Declares the tenant schemes on every route that authenticates a tenant."""
+
+
+def declare_admin_credentials(
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(ADMIN_BEARER)],
+) -> None:
+    """Declares the admin scheme on every route that authenticates an admin."""
 
 
 def get_state(request: Request) -> AppState:
@@ -74,7 +108,10 @@ CredentialDep = Annotated[str, Depends(get_credential)]
 
 
 def get_current_tenant(
-    request: Request, state: StateDep, credential: CredentialDep
+    request: Request,
+    state: StateDep,
+    credential: CredentialDep,
+    _: Annotated[None, Depends(declare_tenant_credentials)],
 ) -> TenantContext:
     with state.db.session() as session:
         tenant = authenticate_tenant(session, credential, state.tokens, state.api_key_secret)
@@ -85,7 +122,11 @@ def get_current_tenant(
 CurrentTenant = Annotated[TenantContext, Depends(get_current_tenant)]
 
 
-def get_admin(state: StateDep, credential: CredentialDep) -> AdminContext:
+def get_admin(
+    state: StateDep,
+    credential: CredentialDep,
+    _: Annotated[None, Depends(declare_admin_credentials)],
+) -> AdminContext:
     with state.db.session() as session:
         return authenticate_admin(session, credential, state.tokens, state.api_key_secret)
 

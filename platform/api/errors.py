@@ -39,6 +39,7 @@ SERVER_ERROR = "server_error"
 # First match wins: subclasses before their bases.
 _KNOWN: list[tuple[type[Exception], int, str, str | None]] = [
     (e.ContextLengthExceededError, 400, INVALID_REQUEST, "context_length_exceeded"),
+    (e.RequestTooLargeError, 400, INVALID_REQUEST, "request_too_large"),
     (e.InvalidRequestError, 400, INVALID_REQUEST, None),
     (RequestTooLongError, 400, INVALID_REQUEST, "context_length_exceeded"),
     (InvalidParameterError, 400, INVALID_REQUEST, None),
@@ -53,7 +54,7 @@ _KNOWN: list[tuple[type[Exception], int, str, str | None]] = [
     (e.ServiceUnavailableError, 503, SERVER_ERROR, "service_unavailable"),
 ]
 # Failures whose own message must not reach the client: (status, code, message, headers).
-_HIDDEN: list[tuple[tuple[type[Exception], ...], int, str, str, dict[str, str]]] = [
+_HIDDEN: list[tuple[tuple[type[Exception], ...], int, str | None, str, dict[str, str]]] = [
     # Registered adapters were validated; failing now means the stored files are damaged.
     (
         (InvalidAdapterError,),
@@ -63,6 +64,15 @@ _HIDDEN: list[tuple[tuple[type[Exception], ...], int, str, str, dict[str, str]]]
         {},
     ),
     ((EngineDeadError,), 503, "service_unavailable", "the engine is not running", {}),
+    # Last line of defence for numbers a schema forgot to bound (ids, offsets): the database
+    # or its driver cannot hold the value, so no such row can exist.
+    (
+        (OverflowError, sa_exc.DataError),
+        400,
+        None,
+        "a number in the request is out of range",
+        {},
+    ),
     # Authentication needs the registry: it fails closed, with a retryable 503.
     (
         (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError),
@@ -114,7 +124,8 @@ def describe(exc: Exception) -> ApiError:
             return ApiError(status, type_, _message(exc), _param(exc), code, _headers(exc))
     for classes, status, code, message, headers in _HIDDEN:
         if isinstance(exc, classes):
-            return ApiError(status, SERVER_ERROR, message, code=code, headers=headers)
+            type_ = INVALID_REQUEST if status < 500 else SERVER_ERROR
+            return ApiError(status, type_, message, code=code, headers=headers)
     if isinstance(exc, RequestValidationError):
         return _validation_error(exc)
     if isinstance(exc, StarletteHTTPException):

@@ -1,4 +1,5 @@
-"""RequestContextMiddleware: request ids, header and body caps, access logs, last-resort 500s.
+"""RequestContextMiddleware: request ids, header and body caps, access logs, last-resort 500s,
+each request bound to its connection, redirects kept on this server.
 
 A pure ASGI middleware (no BaseHTTPMiddleware) so that streaming responses and client
 disconnects pass through untouched. Bodies are read up to `max_body_bytes` before the app sees
@@ -18,13 +19,17 @@ import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("loraplex.access")
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+# Logged for a request whose client left before its response started (nginx's code).
+CLIENT_CLOSED = 499
 
 
 class RequestIdLogFilter(logging.Filter):
@@ -56,6 +61,18 @@ def _error_body(status: int, message: str, request_id: str) -> tuple[dict[str, A
         ],
     }
     return start, body
+
+
+def _relative_location(key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """Redirects (Starlette's trailing-slash ones) point at a path of this server only: a
+    `Location` built from the client's Host header would send clients, and caches, wherever
+    that header says (open redirect, cache poisoning). Every redirect here is same-origin."""
+    if key.lower() != b"location":
+        return key, value
+    url = urlsplit(value.decode("latin-1"))
+    if not url.scheme and not url.netloc:
+        return key, value
+    return key, urlunsplit(("", "", url.path or "/", url.query, url.fragment)).encode("latin-1")
 
 
 class RequestContextMiddleware:
@@ -108,17 +125,33 @@ class RequestContextMiddleware:
             return
         stream_limit = self.streamed.get((scope["method"], scope["path"]))
         if stream_limit is not None:
+            # An upload reads its own body as it arrives; a client leaving ends that read.
             error = _check_length(scope, stream_limit)
             if error is not None:
                 await reject(*error)
                 return
-            app_receive = receive
+            body = None
         else:
             body, error = await self._read_body(scope, receive)
             if error is not None:
                 await reject(*error)
                 return
-            app_receive = _replay(body, receive)
+
+        # Every other request is bound to its connection: a client that leaves before its
+        # response starts cancels the handler wherever it is (planning, admission, queued in
+        # the engine, generating), and the handler's own clean-up aborts the engine request
+        # and settles its limits and usage. Once a response has started, Starlette's streaming
+        # response watches the connection itself.
+        replayed = False
+        disconnected = anyio.Event()
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await disconnected.wait()  # the watcher below owns the connection's receive
+            return {"type": "http.disconnect"}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -126,19 +159,39 @@ class RequestContextMiddleware:
                 message = {
                     **message,
                     "headers": [
-                        *message.get("headers", ()),
+                        *(_relative_location(k, v) for k, v in message.get("headers", ())),
                         (b"x-request-id", request_id.encode()),
                     ],
                 }
             await send(message)
 
-        try:
-            await self.app(scope, app_receive, send_with_id)
-        except Exception:
-            logger.exception("unhandled error")
-            if status_holder[0]:
-                raise  # the response started; the server closes the connection
-            await reject(500, "internal server error")
+        async def run_app(app_receive: Receive) -> None:
+            try:
+                await self.app(scope, app_receive, send_with_id)
+            except Exception:
+                logger.exception("unhandled error")
+                if status_holder[0]:
+                    raise  # the response started; the server closes the connection
+                await reject(500, "internal server error")
+
+        if body is None:
+            await run_app(receive)
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def watch_connection() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                disconnected.set()
+                if not status_holder[0]:
+                    status_holder[0] = CLIENT_CLOSED
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_connection)
+            try:
+                await run_app(replay)
+            finally:
+                tg.cancel_scope.cancel()  # stop watching
 
     def _request_id(self, scope: Scope) -> str:
         for key, value in scope["headers"]:
@@ -181,17 +234,3 @@ def _check_length(scope: Scope, max_bytes: int) -> tuple[int, str] | None:
             except ValueError:
                 return 400, "invalid content-length"
     return None
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that hands the app the body read already, then the connection's events."""
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # after the body: waits for http.disconnect
-
-    return replay

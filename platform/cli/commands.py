@@ -21,7 +21,9 @@ from loraplex.platform.db import (
     check_migrated,
 )
 from loraplex.platform.db import upgrade as db_upgrade_to_head
-from loraplex.platform.demo.checkpoint import write_smollm2_checkpoint
+from loraplex.platform.demo.adapters import write_random_adapter
+from loraplex.platform.demo.bootstrap import DEMO_B_STD
+from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint, write_smollm2_checkpoint
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from loraplex.platform.schemas import ApiKeyCreate, TenantCreate, TenantUpdate
 from loraplex.platform.settings import Settings
@@ -55,14 +57,21 @@ def _tenant(session: Session, ref: str) -> Tenant:
 
 
 def db_upgrade(args: argparse.Namespace) -> int:
+    """Migrate, and create the secrets the other commands need (the server's too)."""
     settings = Settings()
     db_upgrade_to_head(settings.resolved_database_url)
+    if settings.jwt_algorithm == "HS256":
+        settings.hs256_secret()
+    settings.api_key_hash_secret()
     print(f"database at head: {settings.resolved_database_url}")
+    print(f"data directory: {settings.data_dir}")
     return 0
 
 
 def admin_token(args: argparse.Namespace) -> int:
     settings = Settings()
+    if settings.jwt_algorithm == "HS256":
+        settings.hs256_secret(create=False)  # a new one would sign tokens the server refuses
     try:
         token = TokenCodec(settings).issue_admin_token(
             args.subject, args.ttl or settings.admin_token_ttl_s
@@ -80,6 +89,16 @@ def demo_model(args: argparse.Namespace) -> int:
     else:
         write_smollm2_checkpoint(path)
     print(f"wrote {path}")
+    return 0
+
+
+def demo_adapter(args: argparse.Namespace) -> int:
+    """A random PEFT adapter (small enough that the model stays fluent) to try `adapters add`."""
+    model = Path(args.model) if args.model else ensure_demo_checkpoint()
+    path = write_random_adapter(
+        model, Path(args.path), rank=args.rank, b_std=DEMO_B_STD, seed=args.seed
+    )
+    print(f"wrote {path} (rank {args.rank}, for {model})")
     return 0
 
 
@@ -135,9 +154,10 @@ def keys_create(args: argparse.Namespace) -> int:
     if args.expires_in_days is not None:
         expires_at = dt.datetime.now(dt.UTC) + dt.timedelta(days=args.expires_in_days)
     body = ApiKeyCreate(name=args.name, expires_at=expires_at)
+    secret = settings.api_key_hash_secret(create=False)  # else the server would refuse the key
     with registry(settings) as session:
         tenant = _tenant(session, args.tenant)
-        row, key = crud.create_api_key(session, tenant.id, body, settings.api_key_hash_secret())
+        row, key = crud.create_api_key(session, tenant.id, body, secret)
         print(f"key id {row.id} for tenant {tenant.name!r} (shown once, store it now):")
         print(key)
     return 0

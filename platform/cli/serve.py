@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy import exc as sa_exc
 
 from loraplex.platform.api import RequestIdLogFilter
 from loraplex.platform.app import create_app
@@ -65,6 +66,17 @@ def configure_logging(level: LogLevel) -> None:
         handler.addFilter(RequestIdLogFilter())
 
 
+def _this_program() -> str:
+    """How the user ran `loraplex` (`.venv/bin/loraplex` from the repo), for the banner."""
+    program = Path(sys.argv[0])
+    if program.name != "loraplex":
+        return "loraplex"
+    try:
+        return str(program.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(program)
+
+
 def serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging(settings.log_level)
@@ -74,11 +86,18 @@ def serve(args: argparse.Namespace) -> int:
     if args.demo:
         setup = bootstrap_demo(settings)
         banner = demo_banner(
-            setup, f"http://{settings.host}:{settings.port}", Path(settings.model).name
+            setup,
+            f"http://{settings.host}:{settings.port}",
+            Path(settings.model),
+            settings.data_dir,
+            _this_program(),
         )
     else:
-        with registry(settings):  # an unmigrated database is refused before the model loads
-            pass
+        try:
+            with registry(settings):  # an unmigrated database is refused before the model loads
+                pass
+        except (sa_exc.OperationalError, sa_exc.InterfaceError):
+            pass  # not answering yet: the app starts anyway and /ready says why
     app = create_app(settings)
     config = uvicorn.Config(
         app,

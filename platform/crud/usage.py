@@ -58,7 +58,7 @@ def read_usage(
         query = query.where(UsageRecord.tenant_id == tenant_id)
     if start is not None:
         query = query.where(UsageRecord.created_at >= _midnight(start))
-    if end is not None:
+    if end is not None and end < dt.date.max:  # date.max: no day after it, no bound
         query = query.where(UsageRecord.created_at < _midnight(end + dt.timedelta(days=1)))
     rows = []
     for r in session.execute(query).mappings():

@@ -108,25 +108,22 @@ def _demo_key(session: Session, key_file: Path, tenant_id: int, secret: bytes) -
     return key
 
 
-def demo_banner(setup: DemoSetup, base_url: str, base_model: str) -> str:
-    adapter = setup.adapter_names[0]
+def demo_banner(setup: DemoSetup, base_url: str, model_dir: Path, data_dir: Path, cli: str) -> str:
+    """What `serve --demo` prints: where it listens, the key, the models, the paths the other
+    commands need, and examples to paste (greedy, so they answer the same every time)."""
     return f"""
 Loraplex demo is starting on {base_url}
 
   API key (tenant {DEMO_TENANT!r}): {setup.api_key}
-  models: {base_model} (base), {", ".join(setup.adapter_names)} (LoRA adapters)
+    export KEY={setup.api_key}
+  models: {model_dir.name} (base), {", ".join(setup.adapter_names)} (LoRA adapters)
+  model directory (for `adapters add --model`): {model_dir}
+  data directory (database, secrets, adapters): {data_dir}
 
-  curl {base_url}/v1/chat/completions \\
-    -H "Authorization: Bearer {setup.api_key}" -H "Content-Type: application/json" \\
-    -d '{{"model": "{adapter}", "messages": [{{"role": "user", "content": "Hi!"}}],
-         "max_tokens": 32}}'
+  curl {base_url}/v1/chat/completions -H "Authorization: Bearer $KEY" \\
+    -H 'Content-Type: application/json' -d '{{"model": "{model_dir.name}", "temperature": 0,
+    "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
 
-  python -c 'from openai import OpenAI
-c = OpenAI(base_url="{base_url}/v1", api_key="{setup.api_key}")
-print(c.chat.completions.create(model="{adapter}", max_tokens=32,
-      messages=[{{"role": "user", "content": "Hi!"}}]).choices[0].message.content)'
-
-  admin token: loraplex admin token    (then: curl -H "Authorization: Bearer $TOKEN" \\
-               {base_url}/admin/v1/tenants)
+  admin token: {cli} admin token
   admin console: {base_url}/admin/    (sign in with that token)
 """

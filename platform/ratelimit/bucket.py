@@ -1,7 +1,9 @@
 """Token-bucket arithmetic shared by the local limiter (and mirrored line by line in the Lua
 scripts of the Redis limiter, which must give the same answers).
 
-A bucket of capacity C holds a level in [0, C] and refills C units per window W:
+A bucket of capacity C holds a level of at most C (below 0 when a request generated more tokens
+than it had reserved: a debt that later requests repay by waiting) and refills C units per
+window W:
 
     level(now) = min(C, level(t) + (now - t) * C / W)
 
@@ -90,12 +92,12 @@ def make_decision(
     requests = (
         None
         if rpm is None
-        else LimitState(rpm, int(req_level), reset_after(req_level, rpm, window_s))
+        else LimitState(rpm, max(0, int(req_level)), reset_after(req_level, rpm, window_s))
     )
     tokens = (
         None
         if tpm is None
-        else LimitState(tpm, int(tok_level), reset_after(tok_level, tpm, window_s))
+        else LimitState(tpm, max(0, int(tok_level)), reset_after(tok_level, tpm, window_s))
     )
     concurrency = (
         None

@@ -113,6 +113,16 @@ class FailoverRateLimiter:
         self._pending.append((reservation, tokens_used))
         return False
 
+    async def charge(self, reservation: Reservation, tokens: int) -> bool:
+        """Take more tokens where the lease was taken. Best effort: False when Redis cannot be
+        reached (the release settles the difference later)."""
+        if reservation.backend == "local":
+            return await self.local.charge(reservation, tokens)
+        redis = self._maybe_redis()
+        if redis is None:
+            return False
+        return bool(await self._try(redis.charge(reservation, tokens)))
+
     async def peek(self, tenant_id: str, limits: TenantLimits) -> RateLimitDecision:
         redis = self._maybe_redis()
         if redis is not None:

@@ -1,8 +1,9 @@
 """The rate limiter's contract: per-tenant limits in, an all-or-nothing decision out.
 
 Three limits per tenant, as OpenAI and Anthropic define them: requests per minute, tokens per
-minute (prompt + max_tokens reserved at admission, the unused part refunded at the end) and
-concurrent requests. Each per-minute limit is a token bucket holding at most `limit` units and
+minute (an estimate reserved at admission, tokens beyond it charged as they are generated, the
+unused part refunded at the end: the bucket may go into debt, which later requests repay by
+waiting) and concurrent requests. Each per-minute limit is a token bucket holding at most `limit` units and
 refilling `limit` units per window (60 s), so a tenant may burst its whole minute at once but
 never exceed the limit over any window.
 """
@@ -38,12 +39,14 @@ class TenantLimits:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """What one admitted request holds: 1 concurrency lease and `tokens` reserved tokens."""
+    """What one admitted request holds: 1 concurrency lease and `tokens` tokens taken from
+    the bucket (reserved at admission plus charged since)."""
 
     reservation_id: str
     tenant_id: str
     tokens: int
     backend: Backend  # which store holds the lease; release goes back to the same one
+    tokens_per_minute: int | None = None  # the bucket's capacity when it was taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +93,14 @@ class RateLimiter(Protocol):
         pass."""
         ...
 
+    async def charge(self, reservation: Reservation, tokens: int) -> bool:
+        """Take `tokens` more from the bucket for a request still holding its lease; the level
+        may go below zero (debt). False, and nothing taken, if the lease is gone."""
+        ...
+
     async def release(self, reservation: Reservation, tokens_used: int) -> bool:
-        """Free the lease and refund `reserved - used` tokens. Idempotent: True the first time
-        only."""
+        """Free the lease and settle: give back `reservation.tokens - tokens_used` (or take
+        the difference when negative). Idempotent: True the first time only."""
         ...
 
     async def peek(self, tenant_id: str, limits: TenantLimits) -> RateLimitDecision:

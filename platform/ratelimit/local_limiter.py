@@ -85,27 +85,42 @@ class LocalRateLimiter:
             if limits.tokens_per_minute is not None:
                 tok -= tokens
                 state.tokens = _Bucket(tok, now, limits.tokens_per_minute)
-            reservation = Reservation(uuid.uuid4().hex, tenant_id, tokens, "local")
+            reservation = Reservation(
+                uuid.uuid4().hex, tenant_id, tokens, "local", limits.tokens_per_minute
+            )
             state.leases[reservation.reservation_id] = now + self.lease_ttl_s
             return make_decision(
                 limits, verdict, req, tok, len(state.leases), self.window_s, reservation
             )
 
+    async def charge(self, reservation: Reservation, tokens: int) -> bool:
+        """Take `tokens` more (debt allowed) while the lease is held."""
+        validate_tokens(tokens)
+        with self._lock:
+            state = self._tenants.get(reservation.tenant_id)
+            if state is None or reservation.reservation_id not in state.leases:
+                return False
+            self._add_tokens(state, reservation, -tokens)
+            return True
+
     async def release(self, reservation: Reservation, tokens_used: int) -> bool:
-        """Free the lease, refund unused tokens. False if already released or expired."""
+        """Free the lease, settle the tokens. False if already released or expired."""
         with self._lock:
             state = self._tenants.get(reservation.tenant_id)
             if state is None or state.leases.pop(reservation.reservation_id, None) is None:
                 return False
-            refund = reservation.tokens - max(0, tokens_used)
-            bucket = state.tokens
-            if refund > 0 and bucket is not None:
-                now = self._clock()
-                level = refilled(
-                    bucket.level, bucket.updated_at, bucket.capacity, now, self.window_s
-                )
-                state.tokens = _Bucket(min(bucket.capacity, level + refund), now, bucket.capacity)
+            self._add_tokens(state, reservation, reservation.tokens - max(0, tokens_used))
             return True
+
+    def _add_tokens(self, state: _TenantState, reservation: Reservation, delta: int) -> None:
+        """Refund (`delta` > 0) or charge (< 0) the tokens bucket; it never exceeds capacity
+        and may go below zero."""
+        capacity = reservation.tokens_per_minute
+        if delta == 0 or capacity is None:
+            return
+        now = self._clock()
+        level = self._level(state.tokens, capacity, now)
+        state.tokens = _Bucket(min(capacity, level + delta), now, capacity)
 
     async def peek(self, tenant_id: str, limits: TenantLimits) -> RateLimitDecision:
         """Header numbers now; takes nothing (the verdict is for a 0-token request)."""

@@ -59,6 +59,7 @@ class RedisRateLimiter:
         self._owns_client = owns_client
         self._acquire = client.register_script(scripts.ACQUIRE)
         self._release = client.register_script(scripts.RELEASE)
+        self._charge = client.register_script(scripts.CHARGE)
         self._peek = client.register_script(scripts.PEEK)
 
     @classmethod
@@ -97,7 +98,9 @@ class RedisRateLimiter:
         )
         ok, req, tok, num_inflight = _parse(raw)
         if ok:
-            reservation = Reservation(reservation_id, tenant_id, tokens, "redis")
+            reservation = Reservation(
+                reservation_id, tenant_id, tokens, "redis", limits.tokens_per_minute
+            )
             verdict = Verdict(None, 0.0, False)
             return make_decision(
                 limits, verdict, req, tok, num_inflight, self.window_s, reservation
@@ -107,14 +110,33 @@ class RedisRateLimiter:
         assert verdict.kind is not None, (req, tok, num_inflight, limits, tokens)
         return make_decision(limits, verdict, req, tok, num_inflight, self.window_s, None)
 
+    async def charge(self, reservation: Reservation, tokens: int) -> bool:
+        """Take `tokens` more (debt allowed) while the lease is held."""
+        validate_tokens(tokens)
+        _, tok_key, leases_key = self.keys(reservation.tenant_id)
+        held = await self._charge(
+            keys=[tok_key, leases_key],
+            args=[
+                reservation.reservation_id,
+                tokens,
+                self.window_s * 1000,
+                _limit_arg(reservation.tokens_per_minute),
+            ],
+        )
+        return int(held) == 1
+
     async def release(self, reservation: Reservation, tokens_used: int) -> bool:
-        """Free the lease, refund unused tokens. False if already released, expired or lost
+        """Free the lease, settle the tokens. False if already released, expired or lost
         (e.g. Redis was flushed)."""
         _, tok_key, leases_key = self.keys(reservation.tenant_id)
-        refund = max(0, reservation.tokens - max(0, tokens_used))
         freed = await self._release(
             keys=[tok_key, leases_key],
-            args=[reservation.reservation_id, refund, self.window_s * 1000],
+            args=[
+                reservation.reservation_id,
+                reservation.tokens - max(0, tokens_used),
+                self.window_s * 1000,
+                _limit_arg(reservation.tokens_per_minute),
+            ],
         )
         return int(freed) == 1
 

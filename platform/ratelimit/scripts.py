@@ -3,8 +3,8 @@ cannot interleave with another replica's (stops a burst split over replicas from
 a limit). Clock: the server's TIME, in ms, never the client's (replicas' clocks disagree).
 
 Keys of one tenant share the hash tag `{tenant}` so the script is valid on Redis Cluster.
-Buckets are hashes {level, ts, cap}; an absent bucket is full, so a bucket key expires one
-window after its last write (it is full by then). Leases are a ZSET reservation id -> expiry;
+Buckets are hashes {level, ts, cap}; an absent bucket is full, so a bucket key expires once it
+has refilled (one window after its last take; longer for a bucket in debt). Leases are a ZSET reservation id -> expiry;
 expired leases (a replica died holding them) are purged before counting.
 
 The arithmetic mirrors bucket.py; levels come back as '%.17g' strings (exact doubles) and
@@ -58,22 +58,39 @@ return {1, fmt(req), fmt(tok), inflight + 1}
 """
 )
 
-# KEYS: tokens bucket, leases.  ARGV: reservation id, refund, window ms
-# -> 1 if the lease was held (and the refund applied), 0 if already released or expired.
-# The ZREM is the idempotency guard: a second release finds nothing and refunds nothing.
+_ADD_TOKENS = """
+local function add_tokens(key, cap, delta, window)
+  if cap <= 0 or delta == 0 then return end
+  local lvl = math.min(cap, level(key, cap, window) + delta)
+  redis.call('HSET', key, 'level', fmt(lvl), 'ts', fmt(now), 'cap', cap)
+  -- Kept until it has refilled: a bucket in debt takes longer than one window.
+  redis.call('PEXPIRE', key, math.ceil((cap - lvl) * window / cap) + 1000)
+end
+"""
+
+# KEYS: tokens bucket, leases.  ARGV: reservation id, delta (+ refund / - charge), window ms,
+# tpm when the lease was taken (-1 = unlimited)
+# -> 1 if the lease was held (and the tokens settled), 0 if already released or expired.
+# The ZREM is the idempotency guard: a second release finds nothing and settles nothing.
+# The level may go below zero (debt: tokens generated beyond the reservation).
 RELEASE = (
     _PRELUDE
+    + _ADD_TOKENS
     + """
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
-local refund, window = tonumber(ARGV[2]), tonumber(ARGV[3])
-if refund > 0 then
-  local cap = tonumber(redis.call('HGET', KEYS[1], 'cap'))
-  if cap ~= nil and cap > 0 then
-    local lvl = math.min(cap, level(KEYS[1], cap, window) + refund)
-    redis.call('HSET', KEYS[1], 'level', fmt(lvl), 'ts', fmt(now))
-    redis.call('PEXPIRE', KEYS[1], math.ceil(window) + 1000)
-  end
-end
+add_tokens(KEYS[1], tonumber(ARGV[4]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+return 1
+"""
+)
+
+# KEYS: tokens bucket, leases.  ARGV: reservation id, tokens to take, window ms, tpm
+# -> 1 if the lease is held (and the tokens taken, debt allowed), 0 otherwise.
+CHARGE = (
+    _PRELUDE
+    + _ADD_TOKENS
+    + """
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) == false then return 0 end
+add_tokens(KEYS[1], tonumber(ARGV[4]), -tonumber(ARGV[2]), tonumber(ARGV[3]))
 return 1
 """
 )

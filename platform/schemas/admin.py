@@ -15,6 +15,9 @@ from loraplex.engine.stats import EngineStats
 from loraplex.platform.db import AdapterStatus, TenantStatus, TenantTier
 from loraplex.platform.ratelimit import Backend
 
+# Ids are the registry's INTEGER columns (32-bit on PostgreSQL): larger ones cannot exist.
+MAX_ID = 2**31 - 1
+Id = Annotated[int, Strict(), Field(ge=1, le=MAX_ID)]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 Name = Annotated[str, Strict(), Field(pattern=NAME_PATTERN)]
 Limit = Annotated[int, Strict(), Field(ge=1, le=1_000_000_000)]
@@ -126,7 +129,7 @@ class AdaptersPublic(BaseModel):
 
 
 class AdapterGrantCreate(_Body):
-    tenant_id: Annotated[int, Strict(), Field(ge=1)]
+    tenant_id: Id
 
 
 class AdapterGrantPublic(_Public):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anyio
 
@@ -19,6 +19,7 @@ from loraplex.platform.errors import (
     EngineFailureError,
     EngineOverloadedError,
     RateLimitedError,
+    RequestTooLargeError,
     ServiceUnavailableError,
 )
 from loraplex.platform.ratelimit import RateLimitDecision, rate_limit_headers
@@ -26,6 +27,10 @@ from loraplex.platform.state import AppState
 from loraplex.platform.usage import Endpoint, RequestStatus, UsageEvent
 
 logger = logging.getLogger(__name__)
+
+
+# Tokens beyond a request's reservation are charged in steps of this many (fewer limiter calls).
+CHARGE_STEP = 64
 
 
 @dataclass(frozen=True)
@@ -39,38 +44,60 @@ class GenerationPlan:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     priority: int
+    # Per choice: held at admission (max_tokens, or an estimate when the client left it out).
+    reserved_completion_tokens: int
+    max_tokens_given: bool  # the client chose max_tokens: it must fit the limits in full
+    budget_param: str | None = None  # the field to blame when it cannot fit
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def reserved_tokens(self) -> int:
-        return len(self.prompt_token_ids) + self.sampling_params.n * self.sampling_params.max_tokens
+        """Held against tokens per minute at admission."""
+        return len(self.prompt_token_ids) + self.sampling_params.n * self.reserved_completion_tokens
+
+    @property
+    def least_tokens(self) -> int:
+        """The fewest tokens the request can cost, as asked."""
+        per_choice = self.sampling_params.max_tokens if self.max_tokens_given else 1
+        return len(self.prompt_token_ids) + self.sampling_params.n * per_choice
 
 
 async def admit(state: AppState, tenant: TenantContext, plan: GenerationPlan) -> GenerationRun:
-    """Reserve the tenant's limits for `plan`, or raise 429 / 503."""
+    """Reserve the tenant's limits for `plan`; 429 / 503 when it must wait, 400 when no wait
+    can make it fit."""
     try:
         state.engine.check_admission()
     except EngineOverloadedError:
         state.metrics.observe_rate_limited(tenant.name, "engine_overloaded")
         raise
-    decision = await state.limiter.acquire(
-        str(tenant.tenant_id), tenant.limits, plan.reserved_tokens
+    tokens = plan.reserved_tokens
+    tpm = tenant.limits.tokens_per_minute
+    if tpm is not None:
+        if plan.least_tokens > tpm:
+            raise RequestTooLargeError(
+                f"This request needs at least {plan.least_tokens} tokens "
+                f"({len(plan.prompt_token_ids)} in the prompt, the rest to generate) and this "
+                f"tenant's limit is {tpm} tokens per minute: no retry can succeed; shorten the "
+                "prompt or lower max_tokens.",
+                param=plan.budget_param,
+            )
+        tokens = min(tokens, tpm)  # an estimate larger than the bucket: hold the bucket
+    # Shielded: a client that leaves now must not strand a reservation the limiter has taken.
+    # The run is built in the same scope, and the caller settles it on any exit.
+    with anyio.CancelScope(shield=True):
+        decision = await state.limiter.acquire(str(tenant.tenant_id), tenant.limits, tokens)
+        if decision.allowed:
+            return GenerationRun(state, tenant, plan, decision)
+    kind = decision.kind or "requests"
+    if decision.exceeds_capacity:  # a limit of 0
+        raise RequestTooLargeError(f"this tenant's {kind} limit admits no request")
+    state.metrics.observe_rate_limited(tenant.name, kind)
+    raise RateLimitedError(
+        f"Rate limit reached for {kind}: retry after the time in retry-after.",
+        kind=kind,
+        retry_after_s=decision.retry_after_s or 1.0,
+        headers=rate_limit_headers(decision),
     )
-    if not decision.allowed:
-        kind = decision.kind or "requests"
-        state.metrics.observe_rate_limited(tenant.name, kind)
-        detail = (
-            "this request needs more tokens than the limit allows per minute"
-            if decision.exceeds_capacity
-            else "retry after the time in retry-after"
-        )
-        raise RateLimitedError(
-            f"Rate limit reached for {kind}: {detail}.",
-            kind=kind,
-            retry_after_s=decision.retry_after_s or 1.0,
-            headers=rate_limit_headers(decision),
-        )
-    return GenerationRun(state, tenant, plan, decision)
 
 
 class GenerationRun:
@@ -86,7 +113,7 @@ class GenerationRun:
         self.state = state
         self.tenant = tenant
         self.plan = plan
-        self.decision = decision
+        self.reservation = decision.reservation  # grows as tokens beyond it are charged
         self.headers = rate_limit_headers(decision)
         self.started = time.monotonic()
         self.num_completion_tokens = 0
@@ -98,17 +125,22 @@ class GenerationRun:
         state.metrics.request_started(tenant.name)
 
     async def outputs(self) -> AsyncGenerator[RequestOutput, None]:
+        """The engine's cumulative outputs. However the consumer leaves (done, failed, or
+        cancelled by a client disconnect at any point), the engine request is ended and the
+        run settled with the engine's own final counts."""
         status: RequestStatus | None = None  # stays None if cancelled or the consumer leaves
+        stream = self.state.engine.generate(
+            request_id=self.plan.request_id,
+            prompt_token_ids=self.plan.prompt_token_ids,
+            sampling_params=self.plan.sampling_params,
+            adapter=self.plan.adapter,
+            priority=self.plan.priority,
+            tenant_key=str(self.tenant.tenant_id),
+        )
         try:
-            async for output in self.state.engine.generate(
-                request_id=self.plan.request_id,
-                prompt_token_ids=self.plan.prompt_token_ids,
-                sampling_params=self.plan.sampling_params,
-                adapter=self.plan.adapter,
-                priority=self.plan.priority,
-                tenant_key=str(self.tenant.tenant_id),
-            ):
+            async for output in stream:
                 self._observe(output)
+                await self._charge_tokens()
                 if output.finished:
                     status = _status_of(output)
                     _raise_if_failed(output)
@@ -118,21 +150,47 @@ class GenerationRun:
             raise
         finally:
             # Shielded: on a client disconnect this runs inside a cancelled scope, and the
-            # refund, usage row and metrics must not be lost with the request.
+            # abort, the refund, the usage row and the metrics must not be lost with it.
             with anyio.CancelScope(shield=True):
+                final = await stream.close()
+                if final is not None:
+                    self._count(final)
                 await self.finish(status or "aborted")
 
     def _observe(self, output: RequestOutput) -> None:
-        num_tokens = sum(len(o.token_ids) for o in output.outputs)
-        if num_tokens > self.num_completion_tokens:
+        if sum(len(o.token_ids) for o in output.outputs) > self.num_completion_tokens:
             now = time.monotonic()
             if self._first_token_at is None:
                 self._first_token_at = now
             elif self._last_token_at is not None:
                 self._gaps.append(now - self._last_token_at)
             self._last_token_at = now
-        self.num_completion_tokens = num_tokens
+        self._count(output)
+
+    def _count(self, output: RequestOutput) -> None:
+        """Token counts as the engine has them in `output` (cumulative)."""
+        self.num_completion_tokens = sum(len(o.token_ids) for o in output.outputs)
         self.num_cached_tokens = output.num_cached_tokens
+
+    async def _charge_tokens(self) -> None:
+        """Settle as it streams: tokens beyond the reservation are taken from the tenant's
+        bucket now (debt allowed), so its other requests see them at once."""
+        reservation = self.reservation
+        if reservation is None or reservation.tokens_per_minute is None:
+            return
+        excess = len(self.plan.prompt_token_ids) + self.num_completion_tokens - reservation.tokens
+        if excess <= 0:
+            return
+        tokens = -(-excess // CHARGE_STEP) * CHARGE_STEP
+        # Shielded: a charge applied but not recorded here would be charged twice at release.
+        with anyio.CancelScope(shield=True):
+            try:
+                charged = await self.state.limiter.charge(reservation, tokens)
+            except Exception:  # best effort: the release settles whatever is left
+                logger.exception("rate-limit charge failed for %s", self.plan.request_id)
+                return
+        if charged:
+            self.reservation = replace(reservation, tokens=reservation.tokens + tokens)
 
     async def finish(self, status: RequestStatus) -> None:
         if self._finished:
@@ -141,26 +199,28 @@ class GenerationRun:
         plan, tenant, state = self.plan, self.tenant, self.state
         num_prompt = len(plan.prompt_token_ids)
         elapsed = time.monotonic() - self.started
-        reservation = self.decision.reservation
+        reservation = self.reservation
         try:
             if reservation is not None:
                 await state.limiter.release(reservation, num_prompt + self.num_completion_tokens)
         except Exception:
             logger.exception("rate-limit release failed for %s", plan.request_id)
-        state.usage.record(
-            UsageEvent(
-                request_id=plan.request_id,
-                tenant_id=tenant.tenant_id,
-                api_key_id=tenant.api_key_id,
-                adapter_id=plan.adapter.adapter_id if plan.adapter else None,
-                model=plan.model,
-                endpoint=plan.endpoint,
-                prompt_tokens=num_prompt,
-                completion_tokens=self.num_completion_tokens,
-                latency_ms=int(elapsed * 1000),
-                status=status,
-            )
+        usage = UsageEvent(
+            request_id=plan.request_id,
+            tenant_id=tenant.tenant_id,
+            api_key_id=tenant.api_key_id,
+            adapter_id=plan.adapter.adapter_id if plan.adapter else None,
+            model=plan.model,
+            endpoint=plan.endpoint,
+            prompt_tokens=num_prompt,
+            completion_tokens=self.num_completion_tokens,
+            latency_ms=int(elapsed * 1000),
+            status=status,
         )
+        if status == "aborted":  # nobody waits for this answer
+            state.usage.record(usage)
+        else:  # the client sees the end only once its usage row is committed
+            await state.usage.write(usage)
         state.metrics.request_finished(tenant.name)
         ttft = (self._first_token_at - self.started) if self._first_token_at else None
         state.metrics.observe_request(

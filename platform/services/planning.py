@@ -13,12 +13,11 @@ from loraplex.engine.request import SamplingParams
 from loraplex.platform.auth import TenantContext
 from loraplex.platform.crud import AdapterRef, resolve_model
 from loraplex.platform.errors import ContextLengthExceededError, InvalidRequestError
-from loraplex.platform.schemas.openai_requests import SamplingFields
+from loraplex.platform.schemas.openai_requests import MAX_PRIORITY, SamplingFields
 from loraplex.platform.services.generation import GenerationPlan
 from loraplex.platform.state import AppState
 from loraplex.platform.usage import Endpoint
 
-MAX_PRIORITY = 1000
 _OPTIONAL_SAMPLING = (
     "temperature",
     "top_p",
@@ -123,6 +122,7 @@ def build_plan(
     max_tokens = resolve_max_tokens(
         state, requested_max_tokens, len(prompt_token_ids), max_tokens_param
     )
+    given = requested_max_tokens is not None
     return GenerationPlan(
         request_id=new_request_id(_ID_PREFIXES[endpoint]),
         endpoint=endpoint,
@@ -131,6 +131,11 @@ def build_plan(
         prompt_token_ids=prompt_token_ids,
         sampling_params=build_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs),
         priority=resolve_priority(tenant, body.priority),
+        reserved_completion_tokens=(
+            max_tokens if given else min(max_tokens, state.settings.reserved_completion_tokens)
+        ),
+        max_tokens_given=given,
+        budget_param=max_tokens_param if given else prompt_param,
     )
 
 

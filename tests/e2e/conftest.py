@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.live_server import LiveServer, seed_registry, serving
+from tests.e2e.live_server import LiveServer, running_server
 from tests.platform.platform_harness import make_settings, tiny_checkpoint, write_adapter_sources
 
 
@@ -34,11 +34,6 @@ def live_server(
         max_model_len=1024,
         max_completion_tokens=1000,
     )
-    keys = seed_registry(
-        settings,
-        tiny_model_dir,
-        adapter_sources["r4"],
-        {"acme": {}, "limited": {"requests_per_minute": 1}},
-    )
-    with serving(settings, keys) as server:
+    tenants: dict[str, dict[str, object]] = {"acme": {}, "limited": {"requests_per_minute": 1}}
+    with running_server(settings, tiny_model_dir, adapter_sources["r4"], tenants) as server:
         yield server

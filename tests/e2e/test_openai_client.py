@@ -4,15 +4,11 @@ and not, an adapter as the model; a 429 it understands; disconnects abort engine
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import openai
 import pytest
-from sqlalchemy import select
 
-from loraplex.engine.stats import EngineStats
-from loraplex.platform.db import UsageRecord
 from loraplex.platform.ratelimit import TenantLimits
 from tests.e2e.live_server import LiveServer
 
@@ -101,34 +97,6 @@ def test_openai_client_sees_429_and_retry_after(live_server: LiveServer) -> None
     assert limited.value.code == "rate_limit_exceeded"
 
 
-def wait_until_idle(server: LiveServer, timeout_s: float = 10) -> EngineStats:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = server.app_state.engine.get_stats()
-        if (
-            stats.num_running == 0
-            and stats.num_waiting == 0
-            and stats.kv_blocks_used == 0
-            and server.app_state.engine.num_inflight == 0
-        ):
-            return stats
-        assert time.monotonic() < deadline, f"engine still busy: {stats}"
-        time.sleep(0.02)
-
-
-def usage_rows(server: LiveServer) -> list[UsageRecord]:
-    future = asyncio.run_coroutine_threadsafe(server.app_state.usage.flush(), _server_loop(server))
-    future.result(timeout=10)
-    with server.app_state.db.session() as session:
-        return list(session.scalars(select(UsageRecord).order_by(UsageRecord.id)))
-
-
-def _server_loop(server: LiveServer) -> asyncio.AbstractEventLoop:
-    task = server.app_state.usage._task
-    assert task is not None
-    return task.get_loop()
-
-
 def test_client_disconnect_aborts_the_engine_request(live_server: LiveServer) -> None:
     headers = {"Authorization": f"Bearer {live_server.keys['acme']}"}
     body = {
@@ -150,7 +118,7 @@ def test_client_disconnect_aborts_the_engine_request(live_server: LiveServer) ->
         stats = engine.get_stats()
         assert stats.num_running == 1 and stats.kv_blocks_used > 0
     # Leaving the block closed the connection mid-stream.
-    wait_until_idle(live_server)
+    live_server.wait_until_idle()
 
     # The same for a non-streaming request: the client gives up, the engine stops at once.
     with (
@@ -158,17 +126,17 @@ def test_client_disconnect_aborts_the_engine_request(live_server: LiveServer) ->
         pytest.raises(httpx.ReadTimeout),
     ):
         http.post("/v1/completions", headers=headers, json={**body, "stream": False})
-    wait_until_idle(live_server)
+    live_server.wait_until_idle()
 
-    rows = usage_rows(live_server)
+    rows = live_server.usage_rows()
     assert [r.status for r in rows] == ["aborted", "aborted"]
     assert all(0 < r.completion_tokens < 1000 for r in rows)
+    # Billed exactly what the engine generated, tokens made after the client left included.
+    generated = engine.get_stats().num_generated_tokens
+    assert sum(r.completion_tokens for r in rows) == generated
     # Nothing leaked in the rate limiter either: the concurrency slots came back.
     limits = TenantLimits(None, None, live_server.settings.default_max_concurrent_requests)
-    decision = asyncio.run_coroutine_threadsafe(
-        live_server.app_state.limiter.peek(str(rows[0].tenant_id), limits),
-        _server_loop(live_server),
-    ).result(timeout=10)
+    decision = live_server.run(live_server.app_state.limiter.peek(str(rows[0].tenant_id), limits))
     assert decision.concurrency is not None
     assert decision.concurrency.remaining == limits.max_concurrent_requests
 
@@ -202,14 +170,13 @@ def test_many_streams_opened_and_dropped(live_server: LiveServer) -> None:
 
     statuses = asyncio.run(run_all())
     assert statuses.count(200) >= 32 and set(statuses) <= {200, 429}
-    wait_until_idle(live_server, timeout_s=30)
-    rows = usage_rows(live_server)
+    live_server.wait_until_idle(timeout_s=30)
+    rows = live_server.usage_rows()
     assert len(rows) == statuses.count(200)
     assert all(r.status == "aborted" and r.completion_tokens < 500 for r in rows)
+    generated = live_server.app_state.engine.get_stats().num_generated_tokens
+    assert sum(r.completion_tokens for r in rows) == generated
     limits = TenantLimits(None, None, live_server.settings.default_max_concurrent_requests)
-    decision = asyncio.run_coroutine_threadsafe(
-        live_server.app_state.limiter.peek(str(rows[0].tenant_id), limits),
-        _server_loop(live_server),
-    ).result(timeout=10)
+    decision = live_server.run(live_server.app_state.limiter.peek(str(rows[0].tenant_id), limits))
     assert decision.concurrency is not None
     assert decision.concurrency.remaining == limits.max_concurrent_requests

@@ -1,12 +1,11 @@
-"""`loraplex serve` as a process: SIGTERM with a stream in flight drains it, refuses new
-work, flushes usage, and exits cleanly."""
+"""`loraplex serve` as a process, SIGTERM under load: streaming and non-streaming requests in
+flight all finish, new work is refused (503, or the listener is already closed), usage is
+flushed, and the process exits cleanly."""
 
 from __future__ import annotations
 
-import os
+import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,12 +13,16 @@ from pathlib import Path
 import httpx
 from sqlalchemy import select
 
+from loraplex.platform.auth import TokenCodec
 from loraplex.platform.db import Database, UsageRecord
 from tests.e2e.live_server import free_port, seed_registry
+from tests.e2e.serve_process import spawn_server, stop, wait_ready
 from tests.platform.platform_harness import make_settings
 
+MAX_TOKENS = 600
 
-def test_sigterm_drains_streams_then_exits(
+
+def test_sigterm_under_load_finishes_in_flight_then_exits(
     tmp_path: Path, tiny_model_dir: Path, adapter_sources: dict[str, Path]
 ) -> None:
     settings = make_settings(
@@ -28,100 +31,87 @@ def test_sigterm_drains_streams_then_exits(
         f"sqlite:///{tmp_path / 'registry.db'}",
         max_model_len=2048,
         max_completion_tokens=2000,
-        shutdown_grace_s=30,
+        shutdown_grace_s=60,
     )
-    key = seed_registry(settings, tiny_model_dir, adapter_sources["r4"], {"acme": {}})["acme"]
+    keys = seed_registry(settings, tiny_model_dir, adapter_sources["r4"], {"acme": {}, "beta": {}})
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
-    env.update(
-        {
-            "LORAPLEX_DATA_DIR": str(settings.data_dir),
-            "LORAPLEX_DATABASE_URL": settings.resolved_database_url,
-            "LORAPLEX_JWT_SECRET": settings.hs256_secret(),
-            "LORAPLEX_API_KEY_SECRET": settings.api_key_hash_secret().decode(),
-            "LORAPLEX_DEVICE": "cpu",
-            "LORAPLEX_MAX_MODEL_LEN": "2048",
-            "LORAPLEX_MAX_COMPLETION_TOKENS": "2000",
-            "LORAPLEX_SHUTDOWN_GRACE_S": "30",
-        }
-    )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from loraplex.platform.cli import main; raise SystemExit(main())",
-            "serve",
-            "--model",
-            str(tiny_model_dir),
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
     base_url = f"http://127.0.0.1:{port}"
-    headers = {"Authorization": f"Bearer {key}"}
+    proc = spawn_server(settings, tiny_model_dir, port)
+    results: dict[str, object] = {}
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.communicate()[0]
-            try:
-                if httpx.get(f"{base_url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not become ready"
-            time.sleep(0.1)
+        wait_ready(proc, base_url)
+        started = threading.Barrier(7)
 
-        lines: list[str] = []
-        first_chunk = threading.Event()
-
-        def stream() -> None:
+        def client(name: str, tenant: str, stream: bool) -> None:
+            headers = {"Authorization": f"Bearer {keys[tenant]}"}
             body = {
                 "model": "bot",
                 "prompt": "Once",
-                "max_tokens": 1500,
+                "max_tokens": MAX_TOKENS,
                 "ignore_eos": True,
-                "stream": True,
+                "stream": stream,
             }
-            with httpx.stream(
-                "POST", f"{base_url}/v1/completions", headers=headers, json=body, timeout=60
-            ) as r:
-                for line in r.iter_lines():
-                    lines.append(line)
-                    first_chunk.set()
+            with httpx.Client(base_url=base_url, timeout=120) as http:
+                if not stream:
+                    started.wait()
+                    r = http.post("/v1/completions", headers=headers, json=body)
+                    results[name] = (r.status_code, r.json()["usage"]["completion_tokens"])
+                    return
+                with http.stream("POST", "/v1/completions", headers=headers, json=body) as r:
+                    lines = r.iter_lines()
+                    first = next(lines)
+                    started.wait()
+                    results[name] = (r.status_code, [first, *(ln for ln in lines if ln)])
 
-        reader = threading.Thread(target=stream)
-        reader.start()
-        assert first_chunk.wait(30)
+        threads = [
+            threading.Thread(target=client, args=(f"{kind}{i}", tenant, kind == "stream"))
+            for i, tenant in enumerate(("acme", "beta", "acme"))
+            for kind in ("stream", "json")
+        ]
+        for thread in threads:
+            thread.start()
+        started.wait()  # every stream has its first token; the JSON requests are on their way
+        admin = {"Authorization": f"Bearer {TokenCodec(settings).issue_admin_token('t', 60)}"}
+        deadline = time.monotonic() + 30
+        while (
+            httpx.get(f"{base_url}/admin/v1/engine", headers=admin).json()["num_inflight_requests"]
+            < 6
+        ):
+            assert time.monotonic() < deadline, "not all six requests are in flight"
+            time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        time.sleep(0.3)
         try:  # new work is refused: the listener is closed, or the app answers 503
             r = httpx.post(
                 f"{base_url}/v1/completions",
-                headers=headers,
+                headers={"Authorization": f"Bearer {keys['acme']}"},
                 timeout=5,
                 json={"model": "bot", "prompt": "x", "max_tokens": 1},
             )
             assert r.status_code == 503, r.text
         except httpx.TransportError:
             pass
-        reader.join(timeout=60)
+        for thread in threads:
+            thread.join(timeout=120)
         # uvicorn re-raises the signal once it has shut down gracefully (the usual convention).
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
-        output = proc.communicate()[0]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert "Finished server process" in output or "Shutting down" in output, output[-2000:]
-    lines = [line for line in lines if line]
-    assert not any('"error"' in line for line in lines), (lines[:3], output[-3000:])
-    assert lines[-1] == "data: [DONE]", lines[-3:]  # the stream in flight was finished
+        output = stop(proc, settings)
+    assert "Shutting down" in output or "Finished server process" in output, output[-2000:]
+    assert len(results) == 6, (results.keys(), output[-3000:])
+    for name, (status, payload) in results.items():
+        assert status == 200, (name, output[-3000:])
+        if name.startswith("json"):
+            assert payload == MAX_TOKENS, name
+            continue
+        assert isinstance(payload, list) and payload[-1] == "data: [DONE]", name
+        assert not any('"error"' in line for line in payload), name
+        text = "".join(
+            json.loads(line.removeprefix("data: "))["choices"][0]["text"] for line in payload[:-1]
+        )
+        assert text, name
     db = Database(settings.resolved_database_url)
     with db.session() as session:
         rows = session.scalars(select(UsageRecord)).all()
     db.dispose()
-    assert [(r.status, r.completion_tokens) for r in rows] == [("ok", 1500)]
+    assert sorted((r.status, r.completion_tokens) for r in rows) == [("ok", MAX_TOKENS)] * 6

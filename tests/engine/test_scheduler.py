@@ -279,3 +279,33 @@ def test_preemption_and_abort_release_adapter_pins():
     assert s.requests["b"].status == RequestStatus.PREEMPTED and gate.pins == {1: 1, 2: 0}
     s.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
     assert gate.pins == {1: 0, 2: 0}
+
+
+def test_urgent_request_joins_between_prefill_chunks_without_preemption():
+    """A long, less urgent prefill leaves an urgent newcomer its share of the next step; the
+    prefill goes on in the same step with the rest and is never preempted."""
+    s = make_scheduler(num_blocks=32, max_num_batched_tokens=8, policy="priority")
+    s.add_request(make_request("long", 40, priority=1))
+    out, _ = run_step(s)
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("long", 8)]
+    s.add_request(make_request("urgent", 3, priority=0))
+    out, _ = run_step(s)
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [
+        ("long", 5),
+        ("urgent", 3),
+    ]
+    out, _ = run_step(s)  # the urgent one decodes beside the next chunk
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [
+        ("urgent", 1),
+        ("long", 7),
+    ]
+    assert s.num_preemptions == 0 and s.requests["long"].num_computed_tokens == 20
+
+
+def test_equally_urgent_newcomer_waits_for_the_running_prefill():
+    s = make_scheduler(num_blocks=32, max_num_batched_tokens=8, policy="priority")
+    s.add_request(make_request("long", 40, priority=1))
+    run_step(s)
+    s.add_request(make_request("same", 3, priority=1))
+    out, _ = run_step(s)
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("long", 8)]

@@ -1,5 +1,6 @@
 """Admission on the inference routes: the three rate limits (429 with headers), refunds of
-unused tokens, engine backpressure (429 engine_overloaded), and draining (503)."""
+unused tokens, engine backpressure (429 engine_overloaded), and draining (503). Token budgets
+(estimates, debt, requests that can never fit) are in test_token_budget.py."""
 
 from __future__ import annotations
 
@@ -26,8 +27,12 @@ async def test_rate_limits_answer_429(server: Platform) -> None:
     assert r.headers["x-ratelimit-remaining-requests"] == "0"
 
     _, headers = await server.tenant("tpm", tokens_per_minute=40)
-    r = await c.post("/v1/completions", headers=headers, json={**body, "max_tokens": 50})
+    assert (
+        await c.post("/v1/completions", headers=headers, json={**body, "max_tokens": 30})
+    ).is_success
+    r = await c.post("/v1/completions", headers=headers, json={**body, "max_tokens": 30})
     assert r.status_code == 429 and r.json()["error"]["type"] == "tokens"
+    assert int(r.headers["retry-after"]) >= 1
 
     _, headers = await server.tenant("conc", max_concurrent_requests=1)
     long = {**body, "max_tokens": 60, "ignore_eos": True}

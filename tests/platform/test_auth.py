@@ -200,9 +200,9 @@ async def test_forged_tokens_on_an_hs256_server(server: Platform) -> None:
     assert_error(await c.get("/admin/v1/tenants", headers=bearer("x" * 9000)), 401)
 
 
-# Routes anyone may call: liveness and readiness, and FastAPI's own docs pages when enabled.
+# Routes anyone may call: liveness and readiness, and the API docs pages with their assets.
 PUBLIC_PATHS = {"/health", "/ready"}
-DOCS_PATHS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+DOCS_PATHS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/docs/assets"}
 # Needs an admin token unless LORAPLEX_PUBLIC_METRICS is set (checked in the route itself).
 METRICS_PATH = "/metrics"
 # The admin console's static files (an app shell: every call it makes needs an admin token).

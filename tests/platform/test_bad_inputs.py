@@ -273,3 +273,11 @@ async def test_max_prompt_tokens_setting(server: Platform) -> None:
     )
     check_error(r, 400, "context_length_exceeded")
     await assert_still_serving(server, headers)
+
+
+async def test_redirects_stay_on_this_server(server: Platform) -> None:
+    """A trailing-slash redirect never takes its target from the Host header (open redirect,
+    cache poisoning): the Location is a path on this server."""
+    _, headers = await server.tenant("acme")
+    r = await server.client.get("/v1/models/?x=1", headers={**headers, "host": "evil.example"})
+    assert r.status_code == 307 and r.headers["location"] == "/v1/models?x=1"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jwt
@@ -11,7 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from loraplex.platform.cli import main
-from loraplex.platform.db import ApiKey, Database
+from loraplex.platform.cli.main import STATUSES, TIERS, _parser
+from loraplex.platform.db import ApiKey, Database, TenantStatus, TenantTier, upgrade
 from loraplex.platform.demo.bootstrap import bootstrap_demo
 from loraplex.platform.settings import Settings
 
@@ -62,6 +66,15 @@ def test_registry_commands(
     assert "revoked" in run(capsys, "keys", "list", "1")[1]
     assert run(capsys, "keys", "revoke", "999")[0] == 1
 
+    written = tmp_path / "mine"
+    code, out, _ = run(
+        capsys, "demo-adapter", str(written), "--model", os.environ["LORAPLEX_MODEL"]
+    )
+    assert code == 0 and (written / "adapter_model.safetensors").is_file()
+    code, out, _ = run(
+        capsys, "adapters", "add", "--tenant", "acme", "--name", "mine", str(written)
+    )
+    assert code == 0 and "rank 8" in out
     code, out, _ = run(
         capsys, "adapters", "add", "--tenant", "acme", "--name", "bot", str(adapter_sources["r8"])
     )
@@ -79,8 +92,8 @@ def test_registry_commands(
     (bad / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
     code, _, err = run(capsys, "adapters", "add", "--tenant", "acme", "--name", "evil", str(bad))
     assert code == 1 and "adapter_model.safetensors" in err
-    assert run(capsys, "adapters", "remove", "1")[0] == 0
-    assert run(capsys, "adapters", "remove", "2")[0] == 0
+    for adapter_id in ("1", "2", "3"):  # mine, bot@v1, bot@v2
+        assert run(capsys, "adapters", "remove", adapter_id)[0] == 0
     assert run(capsys, "adapters", "list")[1] == ""
     assert not list((env / "adapters").glob("*/*"))  # the stored files went with it
     assert not list((env / "adapters").glob(".staging-*"))  # nothing half-copied left
@@ -102,3 +115,56 @@ def test_demo_bootstrap_is_idempotent(env: Path) -> None:
     assert len(first.adapter_names) == 2
     with Database(settings.resolved_database_url).session() as session:
         assert len(session.scalars(select(ApiKey)).all()) == 1
+
+
+def test_commands_that_use_secrets_never_mint_them(
+    env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`admin token` or `keys create` run against a data directory without the server's
+    secrets would make credentials the server refuses: they stop and say why instead."""
+    upgrade(Settings().resolved_database_url)  # migrated, but no secret made yet
+    assert run(capsys, "tenants", "create", "acme")[0] == 0
+    for argv in (("admin", "token"), ("keys", "create", "acme")):
+        code, out, err = run(capsys, *argv)
+        assert code == 1 and out == "", argv
+        assert "LORAPLEX_DATA_DIR" in err and "loraplex db upgrade" in err, err
+    assert not (env / "jwt_secret").exists() and not (env / "api_key_secret").exists()
+    code, out, _ = run(capsys, "db", "upgrade")  # makes them, once
+    assert code == 0 and str(env) in out
+    assert run(capsys, "admin", "token")[0] == 0 and run(capsys, "keys", "create", "acme")[0] == 0
+
+
+def test_help_is_fast_and_complete() -> None:
+    """Every command and option says what it does, and `--help` loads neither the engine nor
+    the web stack (it took seconds when it did)."""
+    parser = _parser()
+    undocumented = []
+    stack = [("loraplex", parser)]
+    while stack:
+        name, p = stack.pop()
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {c.dest: c.help for c in action._choices_actions}
+                for sub_name, sub in action.choices.items():
+                    if not helps.get(sub_name):
+                        undocumented.append(f"{name} {sub_name}")
+                    stack.append((f"{name} {sub_name}", sub))
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                undocumented.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+    assert not undocumented, undocumented
+    code = (
+        "import sys\n"
+        "from loraplex.platform.cli import main\n"
+        "try:\n    main(['tenants', 'create', '--help'])\n"
+        "except SystemExit:\n    pass\n"
+        "heavy = {'torch', 'fastapi', 'sqlalchemy', 'loraplex.engine'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "--concurrency" in result.stdout and "concurrent requests" in result.stdout
+
+
+def test_cli_choices_are_the_registry_values() -> None:
+    assert tuple(t.value for t in TenantTier) == TIERS
+    assert tuple(s.value for s in TenantStatus) == STATUSES

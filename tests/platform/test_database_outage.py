@@ -1,17 +1,30 @@
-"""PostgreSQL unreachable mid-run: requests get a retryable 503 (auth fails closed), /ready
-says so, pending usage records are kept, and everything resumes when the database returns."""
+"""PostgreSQL unreachable mid-run or at start: requests get a retryable 503 (auth fails closed),
+/ready says why, usage records of requests that end meanwhile are kept, the server starts
+anyway, and everything resumes when the database returns."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import anyio
+import httpx
 import psycopg
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from loraplex.platform.db import UsageRecord
-from tests.platform.platform_harness import POSTGRES_URL, Platform, _libpq_url
+from loraplex.platform import crud
+from loraplex.platform.app import create_app
+from loraplex.platform.db import Database, UsageRecord, upgrade
+from loraplex.platform.schemas import ApiKeyCreate, TenantCreate
+from tests.platform.platform_harness import (
+    POSTGRES_URL,
+    Platform,
+    _libpq_url,
+    make_settings,
+)
 
 
 @pytest.fixture
@@ -21,7 +34,9 @@ def backend() -> str:
 
 @pytest.fixture
 def settings_overrides() -> dict[str, object]:
-    return {"usage_flush_interval_s": 3600.0}  # flushes happen when the test says
+    # Flushes happen when a request waits for its row or the test says; a long request can
+    # still be running when the outage starts.
+    return {"usage_flush_interval_s": 3600.0, "max_model_len": 2048, "max_completion_tokens": 2000}
 
 
 @pytest.fixture
@@ -53,21 +68,72 @@ async def test_postgres_down_mid_run(
     _, headers = await server.tenant("acme")
     body = {"model": server.model_name, "prompt": "Hello", "max_tokens": 2}
     assert (await c.post("/v1/completions", headers=headers, json=body)).status_code == 200
-    assert server.state.usage.num_pending == 1
+    assert server.state.usage.num_pending == 0  # committed before the answer went out
 
-    start_outage()
+    long = {**body, "max_tokens": 1500, "ignore_eos": True}
+    running = asyncio.create_task(c.post("/v1/completions", headers=headers, json=long))
+    while server.state.engine.get_stats().num_generated_tokens < 20:
+        await asyncio.sleep(0.005)
+    start_outage()  # while that request is generating
     r = await c.post("/v1/completions", headers=headers, json=body)
     assert r.status_code == 503, r.text
     assert r.json()["error"]["code"] == "service_unavailable" and r.headers["retry-after"]
     ready = await c.get("/ready")
     assert ready.status_code == 503 and ready.json()["checks"]["database"] == "unavailable"
+    assert "does not answer" in ready.json()["reasons"]["database"]
     assert (await c.get("/health")).status_code == 200
+    r = await running  # it ends during the outage: answered after a bounded wait for its row
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1500
+    assert server.state.usage.num_pending == 1  # its row is kept for later, not lost
     assert await server.state.usage.flush() == 0
-    assert server.state.usage.num_pending == 1  # kept for later, not lost
 
     end_outage()
     assert (await c.post("/v1/completions", headers=headers, json=body)).status_code == 200
-    assert await server.state.usage.flush() == 2
+    assert server.state.usage.num_pending == 0
     with server.state.db.session() as session:
-        assert session.scalar(select(func.count()).select_from(UsageRecord)) == 2
+        assert session.scalar(select(func.count()).select_from(UsageRecord)) == 3
     assert (await c.get("/ready")).status_code == 200
+
+
+async def test_postgres_down_at_start(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    database_url: str,
+    outage: tuple[Callable[[], None], Callable[[], None]],
+) -> None:
+    """The server starts without its database, says why it is not ready, and serves as soon
+    as the database answers."""
+    start_outage, end_outage = outage
+    settings = make_settings(tmp_path / "data", tiny_model_dir, database_url)
+    await anyio.to_thread.run_sync(upgrade, database_url)
+    db = Database(database_url)
+    with db.session() as session:
+        tenant = crud.create_tenant(session, TenantCreate(name="acme"), settings)
+        _, key = crud.create_api_key(
+            session, tenant.id, ApiKeyCreate(), settings.api_key_hash_secret()
+        )
+    db.dispose()
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 2}
+    start_outage()
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            ready = await c.get("/ready")
+            assert ready.status_code == 503, ready.text
+            assert ready.json()["checks"] == {"database": "unavailable", "engine": "ok"}
+            assert "does not answer" in ready.json()["reasons"]["database"]
+            r = await c.post("/v1/completions", headers=headers, json=body)
+            assert r.status_code == 503 and r.headers["retry-after"] == "5"
+
+            end_outage()
+            ready = await c.get("/ready")
+            assert ready.status_code == 200, ready.text
+            assert ready.json() == {
+                "status": "ready",
+                "checks": {"database": "ok", "engine": "ok"},
+                "reasons": {},
+            }
+            r = await c.post("/v1/completions", headers=headers, json=body)
+            assert r.status_code == 200, r.text

@@ -161,14 +161,36 @@ async def test_release_is_idempotent(make_limiter: Factory) -> None:
     assert not (await limiter.acquire("t", limits, 1)).allowed  # the one slot is taken
 
 
-async def test_used_beyond_reserved_refunds_nothing(make_limiter: Factory) -> None:
+async def test_used_beyond_reserved_goes_into_debt(make_limiter: Factory) -> None:
     limiter = make_limiter()
     limits = TenantLimits(tokens_per_minute=100)
     decision = await limiter.acquire("t", limits, 40)
     assert decision.reservation is not None
-    assert await limiter.release(decision.reservation, 500)
+    assert await limiter.release(decision.reservation, 500)  # 460 more than it held
     peek = await limiter.peek("t", limits)
-    assert peek.tokens is not None and peek.tokens.remaining == 60
+    assert peek.tokens is not None and peek.tokens.remaining == 0
+    refused = await limiter.acquire("t", limits, 1)
+    assert refused.kind == "tokens" and not refused.exceeds_capacity
+    # The debt is repaid by waiting: 400 below zero, 100 tokens a minute.
+    assert refused.retry_after_s is not None and 239 < refused.retry_after_s <= 241
+
+
+async def test_charges_while_held(make_limiter: Factory) -> None:
+    limiter = make_limiter()
+    limits = TenantLimits(tokens_per_minute=100)
+    held = (await limiter.acquire("t", limits, 30)).reservation
+    assert held is not None and held.tokens_per_minute == 100
+    assert await limiter.charge(held, 50)
+    peek = await limiter.peek("t", limits)
+    assert peek.tokens is not None and peek.tokens.remaining == 20
+    assert await limiter.charge(held, 50)  # below zero: debt
+    assert not (await limiter.acquire("t", limits, 1)).allowed
+    # Settled at release: it held 30 + 50 + 50 and used 70, so 60 come back.
+    grown = type(held)(held.reservation_id, "t", 130, held.backend, 100)
+    assert await limiter.release(grown, 70)
+    peek = await limiter.peek("t", limits)
+    assert peek.tokens is not None and peek.tokens.remaining == 30
+    assert not await limiter.charge(held, 1)  # released: nothing more is taken
 
 
 async def test_refill_over_time(make_limiter: Factory) -> None:

@@ -13,13 +13,22 @@ from loraplex.platform.settings import Settings
 
 
 def test_environment_and_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
     for key in list(os.environ):
         if key.startswith("LORAPLEX_"):
             monkeypatch.delenv(key)
-    s = Settings()
-    assert s.resolved_database_url == f"sqlite:///{tmp_path / 'data' / 'loraplex.db'}"
-    assert s.redis_url is None and s.resolved_adapter_dir == tmp_path / "data" / "adapters"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    data = tmp_path / "home" / ".local" / "share" / "loraplex"
+    for cwd in (tmp_path, tmp_path / "home"):  # the same data wherever a command runs
+        cwd.mkdir(exist_ok=True)
+        monkeypatch.chdir(cwd)
+        s = Settings()
+        assert s.resolved_database_url == f"sqlite:///{data / 'loraplex.db'}"
+        assert s.redis_url is None and s.resolved_adapter_dir == data / "adapters"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert Settings().data_dir == tmp_path / "xdg" / "loraplex"
+    monkeypatch.setenv("LORAPLEX_DATA_DIR", str(tmp_path / "elsewhere"))
+    assert Settings().data_dir == tmp_path / "elsewhere"
     monkeypatch.setenv("LORAPLEX_DATABASE_URL", "postgresql+psycopg://u@h/db")
     monkeypatch.setenv("LORAPLEX_REDIS_URL", "")
     monkeypatch.setenv("LORAPLEX_MAX_NUM_SEQS", "4")

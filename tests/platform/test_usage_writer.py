@@ -109,3 +109,41 @@ async def test_overflow_drops_the_oldest(db: Database) -> None:
     assert writer.num_dropped == 1
     await writer.flush()
     assert request_ids(db) == ["r1", "r2"]
+
+
+async def test_write_returns_once_committed_sharing_one_insert(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = UsageWriter(db, batch_size=100, flush_interval_s=30)
+    await writer.start()
+    real_insert = usage_module.insert_usage
+    calls: list[int] = []
+
+    def counting_insert(session: Any, rows: Any) -> None:
+        calls.append(len(rows))
+        real_insert(session, rows)
+
+    monkeypatch.setattr(usage_module, "insert_usage", counting_insert)
+    results = await asyncio.gather(*(writer.write(event(i)) for i in range(10)))
+    assert results == [True] * 10 and writer.num_pending == 0
+    assert sorted(request_ids(db)) == sorted(f"r{i}" for i in range(10))
+    assert sum(calls) == 10 and len(calls) <= 2  # group commit, not one insert per request
+    await writer.stop()
+
+
+async def test_write_gives_up_waiting_but_keeps_the_row(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = UsageWriter(db, flush_interval_s=30)
+    await writer.start()
+    real_insert = usage_module.insert_usage
+
+    def down(session: Any, rows: Any) -> None:
+        raise OperationalError("INSERT", {}, Exception("database is down"))
+
+    monkeypatch.setattr(usage_module, "insert_usage", down)
+    assert await writer.write(event(0), wait_s=0.2) is False
+    assert writer.num_pending == 1 and request_ids(db) == []
+    monkeypatch.setattr(usage_module, "insert_usage", real_insert)
+    await writer.stop()
+    assert request_ids(db) == ["r0"]

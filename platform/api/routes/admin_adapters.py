@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import anyio
-from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import APIRouter, Depends, Request, status
 
 from loraplex.platform import crud
 from loraplex.platform.api.deps import AdminDep, SessionDep, StateDep, get_admin
+from loraplex.platform.api.openapi import error_responses
+from loraplex.platform.api.params import IdPath, TenantIdQuery
 from loraplex.platform.db import Adapter
 from loraplex.platform.schemas import (
     AdapterGrantCreate,
@@ -16,6 +18,7 @@ from loraplex.platform.schemas import (
     AdapterPublic,
     AdaptersPublic,
 )
+from loraplex.platform.schemas.admin import MAX_ID
 from loraplex.platform.services.adapter_upload import upload_adapter
 from loraplex.platform.state import AppState
 
@@ -31,7 +34,7 @@ _UPLOAD_BODY: dict[str, Any] = {
                     "type": "object",
                     "required": ["tenant_id", "name", "files"],
                     "properties": {
-                        "tenant_id": {"type": "integer"},
+                        "tenant_id": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
                         "name": {"type": "string"},
                         "files": {"type": "array", "items": _FILE},
                     },
@@ -57,6 +60,7 @@ def _public(state: AppState, rows: list[Adapter], latest_ids: set[int]) -> list[
     response_model=AdapterPublic,
     status_code=status.HTTP_201_CREATED,
     openapi_extra=_UPLOAD_BODY,
+    responses=error_responses(404),  # no such tenant
 )
 async def create_adapter(request: Request, state: StateDep, admin: AdminDep) -> AdapterPublic:
     """Upload a new version (multipart: `tenant_id`, `name`, then the two PEFT files or one
@@ -75,7 +79,7 @@ def read_adapters(
     session: SessionDep,
     state: StateDep,
     admin: AdminDep,
-    tenant_id: Annotated[int | None, Query(ge=1)] = None,
+    tenant_id: TenantIdQuery = None,
 ) -> AdaptersPublic:
     """Every version, by tenant, name and version, with where each one lives now."""
     rows = crud.read_adapters(session, tenant_id)
@@ -85,14 +89,14 @@ def read_adapters(
 
 @router.get("/adapters/{adapter_id}", response_model=AdapterPublic)
 def read_adapter(
-    session: SessionDep, state: StateDep, admin: AdminDep, adapter_id: int
+    session: SessionDep, state: StateDep, admin: AdminDep, adapter_id: IdPath
 ) -> AdapterPublic:
     row = crud.read_adapter(session, adapter_id)
     return _public(state, [row], crud.read_latest_ready_ids(session))[0]
 
 
 @router.delete("/adapters/{adapter_id}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_adapter(state: StateDep, admin: AdminDep, adapter_id: int) -> None:
+async def delete_adapter(state: StateDep, admin: AdminDep, adapter_id: IdPath) -> None:
     """Unregister one version: new requests naming it get 404 (a bare name falls back to the
     latest remaining ready version); requests in flight finish on it."""
 
@@ -105,7 +109,9 @@ async def delete_adapter(state: StateDep, admin: AdminDep, adapter_id: int) -> N
 
 
 @router.get("/adapters/{adapter_id}/grants", response_model=list[AdapterGrantPublic])
-def read_grants(session: SessionDep, admin: AdminDep, adapter_id: int) -> list[AdapterGrantPublic]:
+def read_grants(
+    session: SessionDep, admin: AdminDep, adapter_id: IdPath
+) -> list[AdapterGrantPublic]:
     return [
         AdapterGrantPublic.model_validate(g) for g in crud.read_adapter(session, adapter_id).grants
     ]
@@ -117,11 +123,13 @@ def read_grants(session: SessionDep, admin: AdminDep, adapter_id: int) -> list[A
     status_code=status.HTTP_201_CREATED,
 )
 def create_grant(
-    session: SessionDep, admin: AdminDep, adapter_id: int, body: AdapterGrantCreate
+    session: SessionDep, admin: AdminDep, adapter_id: IdPath, body: AdapterGrantCreate
 ) -> AdapterGrantPublic:
     return AdapterGrantPublic.model_validate(crud.create_grant(session, adapter_id, body.tenant_id))
 
 
 @router.delete("/adapters/{adapter_id}/grants/{tenant_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_grant(session: SessionDep, admin: AdminDep, adapter_id: int, tenant_id: int) -> None:
+def delete_grant(
+    session: SessionDep, admin: AdminDep, adapter_id: IdPath, tenant_id: IdPath
+) -> None:
     crud.delete_grant(session, adapter_id, tenant_id)

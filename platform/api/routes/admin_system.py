@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 
 from loraplex.platform import crud
 from loraplex.platform.api.deps import AdminDep, SessionDep, StateDep, get_admin
+from loraplex.platform.api.params import DayQuery, TenantIdQuery
 from loraplex.platform.crud.usage import GroupBy
 from loraplex.platform.schemas import EngineStatePublic, UsagePublic
 
@@ -28,10 +28,10 @@ _GROUP_KEYS: dict[UsageGrouping, tuple[GroupBy, ...]] = {
 def read_usage(
     session: SessionDep,
     admin: AdminDep,
-    tenant_id: Annotated[int | None, Query(ge=1)] = None,
+    tenant_id: TenantIdQuery = None,
     group_by: Annotated[UsageGrouping, Query()] = "day",
-    start: Annotated[dt.date | None, Query()] = None,
-    end: Annotated[dt.date | None, Query()] = None,
+    start: DayQuery = None,
+    end: DayQuery = None,
 ) -> UsagePublic:
     """`group_by`: day, adapter, or both comma-separated (always per tenant)."""
     keys = _GROUP_KEYS[group_by]

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query, status
 
 from loraplex.platform import crud
 from loraplex.platform.api.deps import AdminDep, SessionDep, SettingsDep, StateDep, get_admin
+from loraplex.platform.api.params import IdPath, LimitQuery, SkipQuery
 from loraplex.platform.schemas import (
     ApiKeyCreate,
     ApiKeyCreated,
@@ -34,8 +35,8 @@ def create_tenant(
 def read_tenants(
     session: SessionDep,
     admin: AdminDep,
-    skip: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    skip: SkipQuery = 0,
+    limit: LimitQuery = 100,
     q: Annotated[str | None, Query(max_length=64)] = None,
 ) -> TenantsPublic:
     """A page of tenants by id; `q`: only names containing it (case-insensitive); `count`:
@@ -45,19 +46,19 @@ def read_tenants(
 
 
 @router.get("/tenants/{tenant_id}", response_model=TenantPublic)
-def read_tenant(session: SessionDep, admin: AdminDep, tenant_id: int) -> TenantPublic:
+def read_tenant(session: SessionDep, admin: AdminDep, tenant_id: IdPath) -> TenantPublic:
     return TenantPublic.model_validate(crud.read_tenant(session, tenant_id))
 
 
 @router.patch("/tenants/{tenant_id}", response_model=TenantPublic)
 def update_tenant(
-    session: SessionDep, admin: AdminDep, tenant_id: int, body: TenantUpdate
+    session: SessionDep, admin: AdminDep, tenant_id: IdPath, body: TenantUpdate
 ) -> TenantPublic:
     return TenantPublic.model_validate(crud.update_tenant(session, tenant_id, body))
 
 
 @router.delete("/tenants/{tenant_id}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_tenant(state: StateDep, admin: AdminDep, tenant_id: int) -> None:
+async def delete_tenant(state: StateDep, admin: AdminDep, tenant_id: IdPath) -> None:
     def delete() -> list[int]:
         with state.db.session() as session:
             crud.read_tenant(session, tenant_id)
@@ -77,7 +78,7 @@ async def delete_tenant(state: StateDep, admin: AdminDep, tenant_id: int) -> Non
     status_code=status.HTTP_201_CREATED,
 )
 def create_api_key(
-    session: SessionDep, state: StateDep, admin: AdminDep, tenant_id: int, body: ApiKeyCreate
+    session: SessionDep, state: StateDep, admin: AdminDep, tenant_id: IdPath, body: ApiKeyCreate
 ) -> ApiKeyCreated:
     row, key = crud.create_api_key(session, tenant_id, body, state.api_key_secret)
     public = ApiKeyPublic.model_validate(row)
@@ -85,12 +86,12 @@ def create_api_key(
 
 
 @router.get("/tenants/{tenant_id}/api-keys", response_model=ApiKeysPublic)
-def read_api_keys(session: SessionDep, admin: AdminDep, tenant_id: int) -> ApiKeysPublic:
+def read_api_keys(session: SessionDep, admin: AdminDep, tenant_id: IdPath) -> ApiKeysPublic:
     rows = crud.read_api_keys(session, tenant_id)
     return ApiKeysPublic(data=[ApiKeyPublic.model_validate(k) for k in rows], count=len(rows))
 
 
 @router.delete("/api-keys/{key_id}", response_model=ApiKeyPublic)
-def delete_api_key(session: SessionDep, admin: AdminDep, key_id: int) -> ApiKeyPublic:
+def delete_api_key(session: SessionDep, admin: AdminDep, key_id: IdPath) -> ApiKeyPublic:
     """Revokes the key (kept for the audit trail); tokens exchanged from it die with it."""
     return ApiKeyPublic.model_validate(crud.revoke_api_key(session, key_id))

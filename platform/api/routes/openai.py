@@ -6,13 +6,14 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from loraplex.platform import crud
 from loraplex.platform.api.deps import CurrentTenant, RateLimitHeaders, SessionDep, StateDep
+from loraplex.platform.api.openapi import error_responses
 from loraplex.platform.api.streaming import start_stream
 from loraplex.platform.schemas import ChatCompletionRequest, CompletionRequest, ModelList
 from loraplex.platform.schemas.openai_requests import SamplingFields
@@ -34,7 +35,6 @@ from loraplex.platform.services import (
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 T = TypeVar("T", bound=BaseModel)
-CLIENT_CLOSED = 499  # nginx's code: nobody reads it, but logs say what happened
 
 
 @router.get("/models", response_model=ModelList, dependencies=[RateLimitHeaders])
@@ -57,25 +57,36 @@ def read_models(state: StateDep, session: SessionDep, tenant: CurrentTenant) -> 
     return ModelList(data=cards)
 
 
-@router.post("/completions", response_model=CompletionResponse)
+# Beyond every tenant route's errors: the model does not resolve, a body too large, the
+# tenant's limits or the engine's queue (429), the engine failing the request.
+GENERATION_ERRORS = error_responses(404, 413, 429, 500)
+# A stream's 200 is server-sent events: `data: {chunk}` lines, then `data: [DONE]`.
+GENERATION_CONTENT = {
+    200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    **GENERATION_ERRORS,
+}
+
+
+@router.post("/completions", response_model=CompletionResponse, responses=GENERATION_CONTENT)
 async def create_completion(
-    body: CompletionRequest, request: Request, state: StateDep, tenant: CurrentTenant
+    body: CompletionRequest, state: StateDep, tenant: CurrentTenant
 ) -> Response:
     run = await admit(state, tenant, await plan_completion(state, tenant, body))
-    return await _serve(run, request, body, stream_completion, collect_completion)
+    return await _serve(run, body, stream_completion, collect_completion)
 
 
-@router.post("/chat/completions", response_model=ChatCompletionResponse)
+@router.post(
+    "/chat/completions", response_model=ChatCompletionResponse, responses=GENERATION_CONTENT
+)
 async def create_chat_completion(
-    body: ChatCompletionRequest, request: Request, state: StateDep, tenant: CurrentTenant
+    body: ChatCompletionRequest, state: StateDep, tenant: CurrentTenant
 ) -> Response:
     run = await admit(state, tenant, await plan_chat(state, tenant, body))
-    return await _serve(run, request, body, stream_chat, collect_chat)
+    return await _serve(run, body, stream_chat, collect_chat)
 
 
 async def _serve(
     run: GenerationRun,
-    request: Request,
     body: SamplingFields,
     stream: Callable[[GenerationRun, bool], AsyncGenerator[str, None]],
     collect: Callable[[GenerationRun], Awaitable[T]],
@@ -83,7 +94,7 @@ async def _serve(
     """The run as server-sent events (`stream: true`) or as one JSON body."""
     if body.stream:
         return await _stream(run, stream(run, body.include_usage))
-    return await _respond(run, request, collect)
+    return await _respond(run, collect)
 
 
 async def _stream(run: GenerationRun, events: AsyncGenerator[str, None]) -> StreamingResponse:
@@ -109,35 +120,14 @@ async def _stream(run: GenerationRun, events: AsyncGenerator[str, None]) -> Stre
 
 
 async def _respond(
-    run: GenerationRun, request: Request, collect: Callable[[GenerationRun], Awaitable[T]]
+    run: GenerationRun, collect: Callable[[GenerationRun], Awaitable[T]]
 ) -> Response:
-    """Collect the whole response, giving up (and aborting the engine request) if the client
-    disconnects first."""
-    result: list[T] = []
-    failure: list[Exception] = []
+    """Collect the whole response. A client that disconnects first cancels this (the
+    middleware binds every request to its connection), which aborts the engine request."""
     try:
-        async with anyio.create_task_group() as tg:
-
-            async def work() -> None:
-                try:
-                    result.append(await collect(run))
-                except Exception as exc:  # re-raised below, not as an ExceptionGroup
-                    failure.append(exc)
-                tg.cancel_scope.cancel()
-
-            async def watch() -> None:
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(work)
-            tg.start_soon(watch)
+        result = await collect(run)
     finally:
         with anyio.CancelScope(shield=True):
             await run.finish("aborted")  # a no-op unless the run never got to settle itself
-    if failure:
-        raise failure[0]
-    if not result:
-        return Response(status_code=CLIENT_CLOSED)
-    payload: Any = result[0].model_dump(mode="json")
+    payload: Any = result.model_dump(mode="json")
     return JSONResponse(payload, headers=run.headers)

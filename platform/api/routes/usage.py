@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
-from typing import Annotated
-
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 from loraplex.platform import crud
 from loraplex.platform.api.deps import CurrentTenant, RateLimitHeaders, SessionDep
+from loraplex.platform.api.params import DayQuery
 from loraplex.platform.schemas import UsagePublic
 
 router = APIRouter(prefix="/v1", tags=["usage"])
@@ -18,8 +16,8 @@ router = APIRouter(prefix="/v1", tags=["usage"])
 def read_own_usage(
     session: SessionDep,
     tenant: CurrentTenant,
-    start: Annotated[dt.date | None, Query()] = None,
-    end: Annotated[dt.date | None, Query()] = None,
+    start: DayQuery = None,
+    end: DayQuery = None,
 ) -> UsagePublic:
     rows = crud.read_usage(
         session, tenant_id=tenant.tenant_id, group_by=("day", "adapter"), start=start, end=end

@@ -1,0 +1,30 @@
+"""`LLM(...)`-style keywords -> EngineConfig: each to its section, the chunked-prefill budget
+chosen by device when not given."""
+
+from __future__ import annotations
+
+import pytest
+
+from loraplex.engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from loraplex.engine.engine_args import create_engine_config
+from loraplex.engine.errors import ConfigError
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_default_prefill_budget_follows_the_device(device: str) -> None:
+    config = create_engine_config("model-dir", device=device)
+    assert config.scheduler.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS[device]
+    assert DEFAULT_MAX_NUM_BATCHED_TOKENS == {"cuda": 8192, "cpu": 256}
+
+
+def test_an_explicit_prefill_budget_wins() -> None:
+    config = create_engine_config("model-dir", device="cpu", max_num_batched_tokens=4096)
+    assert config.scheduler.max_num_batched_tokens == 4096
+
+
+def test_keywords_reach_their_sections_and_unknown_ones_are_refused() -> None:
+    config = create_engine_config("m", device="cpu", block_size=8, max_loras=2, max_num_seqs=3)
+    assert (config.cache.block_size, config.lora.max_loras) == (8, 2)
+    assert config.scheduler.max_num_seqs == 3 and config.model.model == "m"
+    with pytest.raises(ConfigError, match="unknown engine argument"):
+        create_engine_config("m", max_num_batched_tokenz=5)
