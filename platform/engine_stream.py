@@ -8,7 +8,7 @@ KV blocks, adapter pin and concurrency slot are all gone by then, and the final 
 counts, tokens generated after the client left included, are the ones the tenant is billed.
 
     handler ──anext──▶ queue ◀── pump ──async for──▶ AsyncEngine.generate(...)
-    handler ──close()──▶ abort ──▶ engine thread ──final output──▶ pump (done)
+    handler ──close()──▶ abort ──▶ engine core ──final output──▶ pump (done)
 """
 
 from __future__ import annotations
