@@ -153,26 +153,30 @@ async def test_tenant_tokens(server: Platform) -> None:
     assert_error(await c.get("/admin/v1/tenants", headers=bearer("lpx-" + "x" * 43)), 401)
 
 
-SECRET_CASES = {
-    "wrong audience": claims(aud="someone-else"),
-    "wrong issuer": claims(iss="evil"),
-    "expired": claims(iat=int(time.time()) - 1000, exp=int(time.time()) - 100),
-    "not yet valid": claims(nbf=int(time.time()) + 300),
-    "issued in the future": claims(iat=int(time.time()) + 300, exp=int(time.time()) + 600),
-    "no exp": claims(exp=None),
-    "no iat": claims(iat=None),
-    "no sub": claims(sub=None),
-    "no aud": claims(aud=None),
-    "no iss": claims(iss=None),
-    "unknown scope": claims(scope="root"),
-    "ttl beyond the maximum": claims(exp=int(time.time()) + 30 * 24 * 3600),
-    "tenant scope without tenant": claims(scope="tenant", sub="tenant:1"),
-    "tenant that does not exist": claims(scope="tenant", sub="tenant:999", tid=999),
-}
+def secret_cases() -> dict[str, dict[str, object]]:
+    """Built when the test runs, not at import: a suite slower than the 300 s margins below
+    would otherwise turn the "future" tokens into present ones."""
+    now = int(time.time())
+    return {
+        "wrong audience": claims(aud="someone-else"),
+        "wrong issuer": claims(iss="evil"),
+        "expired": claims(iat=now - 1000, exp=now - 100),
+        "not yet valid": claims(nbf=now + 300),
+        "issued in the future": claims(iat=now + 300, exp=now + 600),
+        "no exp": claims(exp=None),
+        "no iat": claims(iat=None),
+        "no sub": claims(sub=None),
+        "no aud": claims(aud=None),
+        "no iss": claims(iss=None),
+        "unknown scope": claims(scope="root"),
+        "ttl beyond the maximum": claims(exp=now + 30 * 24 * 3600),
+        "tenant scope without tenant": claims(scope="tenant", sub="tenant:1"),
+        "tenant that does not exist": claims(scope="tenant", sub="tenant:999", tid=999),
+    }
 
 
 async def test_bad_tokens_with_the_right_secret(server: Platform) -> None:
-    for case, bad_claims in SECRET_CASES.items():
+    for case, bad_claims in secret_cases().items():
         token = jwt.encode(bad_claims, server.settings.hs256_secret(), algorithm="HS256")
         route = "/v1/models" if "tenant" in case else "/admin/v1/tenants"
         r = await server.client.get(route, headers=bearer(token))
