@@ -227,9 +227,7 @@ class LLMEngine:
     def _fail_adapter_requests(self, failures: dict[str, str]) -> list[RequestOutput]:
         """End the waiting requests whose adapter failed to load, or that could never fit the
         KV cache beside their adapter (nobody else is affected)."""
-        assert self.lora_manager is not None
         failed = []
-        num_blocks, block_size = self.kv_cache_manager.num_blocks, self.config.cache.block_size
         for request in self.scheduler.waiting:
             lora = request.lora_request
             if lora is None:
@@ -238,23 +236,34 @@ class LLMEngine:
                 request.error = InvalidAdapterError(
                     f"adapter {lora.lora_name!r} failed to load: {failures[lora.content_hash]}"
                 )
-            elif (adapter_blocks := self.lora_manager.adapter_blocks(lora)) is not None:
-                max_len = request.num_prompt_tokens + request.sampling_params.max_tokens
-                need = adapter_blocks + cdiv(min(max_len, self.max_model_len), block_size)
-                if need <= num_blocks:
-                    continue
-                request.error = RequestTooLongError(
-                    f"with adapter {lora.lora_name!r} ({adapter_blocks} KV blocks of weights) "
-                    f"this request needs {need} KV blocks; the cache has {num_blocks}",
-                    param="max_tokens",
-                )
-            else:
+            elif request.fits_beside_adapter or (error := self._check_fit(request)) is None:
                 continue
+            else:
+                request.error = error
             failed.append(request.request_id)
         if not failed:
             return []
         self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
         return self.output_processor.finish(failed, "error")
+
+    def _check_fit(self, request: Request) -> RequestTooLongError | None:
+        """Whether the request could ever fit the KV cache beside its adapter's pages; checked
+        once, when the adapter's size is first known (a long queue costs little per step)."""
+        assert self.lora_manager is not None and request.lora_request is not None
+        adapter_blocks = self.lora_manager.adapter_blocks(request.lora_request)
+        if adapter_blocks is None:
+            return None  # not loaded yet: checked again next step
+        num_blocks, block_size = self.kv_cache_manager.num_blocks, self.config.cache.block_size
+        max_len = request.num_prompt_tokens + request.sampling_params.max_tokens
+        need = adapter_blocks + cdiv(min(max_len, self.max_model_len), block_size)
+        if need <= num_blocks:
+            request.fits_beside_adapter = True
+            return None
+        return RequestTooLongError(
+            f"with adapter {request.lora_request.lora_name!r} ({adapter_blocks} KV blocks of "
+            f"weights) this request needs {need} KV blocks; the cache has {num_blocks}",
+            param="max_tokens",
+        )
 
     def get_stats(self) -> EngineStats:
         """A snapshot of the engine's counters and gauges (see engine/stats.py)."""

@@ -184,6 +184,8 @@ class Request:
     num_lora_wait_steps: int = 0
     # When the scheduler first passed it over because its adapter was not on the GPU yet.
     adapter_wait_start: float | None = None
+    # Checked once its adapter's size is known: the request fits the KV cache beside it.
+    fits_beside_adapter: bool = False
     # Prompt tokens served from the prefix cache at first admission (usage reporting).
     num_cached_tokens: int = 0
     # n > 1: the sibling whose prompt blocks this request shares once its prefill is done.

@@ -25,6 +25,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
+from itertools import islice
 
 import torch
 
@@ -43,8 +44,11 @@ from loraplex.kernels import build_lora_mapping
 
 logger = logging.getLogger(__name__)
 
-# How many distinct adapters of the waiting queue (from its head) are prefetched each step.
+# How many distinct adapters of the waiting queue (from its head) are prefetched each step,
+# looking at most this many requests deep (the scan runs every step: a queue of thousands must
+# not cost milliseconds of host time; requests further back move up as the head drains).
 PREFETCH_DEPTH = 64
+PREFETCH_WINDOW = 256
 
 
 class LoRAManager:
@@ -169,11 +173,11 @@ class LoRAManager:
 
     def poll(self, waiting: Iterable[Request], num_running: int) -> dict[str, str]:
         """Advance loads without blocking; returns {content hash: error} of adapters whose load
-        failed that waiting requests name (the engine fails those requests)."""
+        failed that the head of the waiting queue names (the engine fails their requests)."""
         self._harvest_loads()
         self._report_finished_uploads()
         wanted: list[str] = []
-        for request in waiting:
+        for request in islice(waiting, PREFETCH_WINDOW):
             if request.lora_request is not None:
                 content_hash = _hash(request.lora_request)
                 if content_hash not in wanted:

@@ -4,6 +4,7 @@ and go while requests run."""
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from loraplex.engine import LoRARequest, SamplingParams
 from loraplex.engine.errors import InvalidAdapterError, RequestTooLongError
+from loraplex.engine.lora import lora_manager
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from tests.engine.engine_driver import make_llm, run_to_completion
 from tests.engine.lora_adapters import write_peft_adapter
@@ -46,6 +48,29 @@ def test_a_failing_load_fails_only_its_requests(base: Path, tmp_path: Path) -> N
     reasons = {rid: out.outputs[0].finish_reason for rid, out in outs.items()}
     assert reasons == {"r0": "length", "r1": "error", "r2": "length", "r3": "error", "r4": "length"}
     assert engine.get_stats().lora.num_load_failures == 1
+
+
+def test_adapters_deep_in_the_queue_load_as_it_drains(
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-step prefetch scan looks only at the queue's head; adapters named further back
+    (a good one and a failing one) are loaded or failed once their requests move up."""
+    monkeypatch.setattr(lora_manager, "PREFETCH_WINDOW", 2)
+    good = write_peft_adapter(base, tmp_path / "good", 4, ["q_proj"], seed=1)
+    bad = nan_adapter(base, tmp_path / "bad")
+    engine = make_llm(base, max_num_seqs=2).engine
+    late_good = LoRARequest("good", 1, str(good), content_hash="a" * 64)
+    late_bad = LoRARequest("bad", 2, str(bad), content_hash="b" * 64)
+    for i, lora in enumerate([None, None, None, None, late_bad, late_good]):
+        engine.add_request(f"r{i}", [5, 6, 7], PARAMS, lora_request=lora)
+    for _ in range(2):  # r0 and r1 run; the scan sees r2 and r3 (a load would end meanwhile)
+        engine.step()
+        time.sleep(0.2)
+    stats = engine.get_stats().lora
+    assert (stats.num_cpu_loads, stats.num_load_failures) == (0, 0)
+    outs = run_to_completion(engine)
+    reasons = {rid: out.outputs[0].finish_reason for rid, out in outs.items()}
+    assert reasons == {f"r{i}": "length" for i in (0, 1, 2, 3, 5)} | {"r4": "error"}
 
 
 def test_an_adapter_without_a_hash_is_checked_when_added(base: Path, tmp_path: Path) -> None:
