@@ -17,7 +17,9 @@ class WaitingQueue:
     """Waiting requests in admission order. Small (hundreds), so a sorted list is enough.
 
     Under the priority policy, requests of equal priority are ordered by their fairness
-    key's share so far (`fair_share`, lower first), then by arrival.
+    key's share so far (`fair_share`, lower first), then by arrival. Shares change every step,
+    so the scheduler re-ranks (`sort`) before each pass; a new request is appended and takes
+    its rank then (sorting on every add would cost O(n log n) per request).
     """
 
     def __init__(
@@ -29,7 +31,6 @@ class WaitingQueue:
 
     def add(self, request: Request) -> None:
         self._requests.append(request)
-        self.sort()
 
     def add_front(self, request: Request) -> None:
         """A preempted request goes back ahead of its equals (FCFS: ahead of everyone)."""
