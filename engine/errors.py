@@ -35,5 +35,10 @@ class InvalidAdapterError(ValueError):
     """The adapter directory, its config or its weights are unusable; the message says why."""
 
 
+class AdapterRemovedError(LookupError):
+    """The request's adapter was removed (`remove_lora`) and its files were gone before the
+    request's load could read them: like a request naming an unknown adapter, not a fault."""
+
+
 class EngineDeadError(RuntimeError):
     """The engine thread stopped; no request can be served."""

@@ -11,6 +11,7 @@ from typing import Any
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.engine_args import create_engine_config
 from loraplex.engine.errors import (
+    AdapterRemovedError,
     InvalidAdapterError,
     InvalidParameterError,
     RequestTooLongError,
@@ -233,9 +234,7 @@ class LLMEngine:
             if lora is None:
                 continue
             if lora.content_hash in failures:
-                request.error = InvalidAdapterError(
-                    f"adapter {lora.lora_name!r} failed to load: {failures[lora.content_hash]}"
-                )
+                request.error = self._load_failure(lora, failures[lora.content_hash])
             elif request.fits_beside_adapter or (error := self._check_fit(request)) is None:
                 continue
             else:
@@ -245,6 +244,15 @@ class LLMEngine:
             return []
         self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
         return self.output_processor.finish(failed, "error")
+
+    def _load_failure(self, lora: LoRARequest, reason: str) -> Exception:
+        assert self.lora_manager is not None
+        if self.lora_manager.is_registered(lora):
+            return InvalidAdapterError(f"adapter {lora.lora_name!r} failed to load: {reason}")
+        # Removed while the request waited, its files deleted with it (the platform's delete).
+        return AdapterRemovedError(
+            f"adapter {lora.lora_name!r} was deleted before this request could load it"
+        )
 
     def _check_fit(self, request: Request) -> RequestTooLongError | None:
         """Whether the request could ever fit the KV cache beside its adapter's pages; checked

@@ -126,6 +126,11 @@ class LoRAManager:
     def list_loras(self) -> list[int]:
         return sorted(self._registered)
 
+    def is_registered(self, lora_request: LoRARequest) -> bool:
+        """Its id still names these weights (not removed, not re-registered with others)."""
+        known = self._registered.get(lora_request.lora_int_id)
+        return known is not None and known.content_hash == lora_request.content_hash
+
     def _register(self, lora_request: LoRARequest) -> None:
         assert lora_request.content_hash is not None
         self._registered[lora_request.lora_int_id] = lora_request

@@ -21,6 +21,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraplex.engine.errors import (
+    AdapterRemovedError,
     EngineDeadError,
     InvalidAdapterError,
     InvalidParameterError,
@@ -46,6 +47,7 @@ _KNOWN: list[tuple[type[Exception], int, str, str | None]] = [
     (e.AuthenticationError, 401, INVALID_REQUEST, "invalid_api_key"),
     (e.PermissionDeniedError, 403, "permission_error", "permission_denied"),
     (e.ModelNotFoundError, 404, INVALID_REQUEST, "model_not_found"),
+    (AdapterRemovedError, 404, INVALID_REQUEST, "model_not_found"),
     (e.NotFoundError, 404, INVALID_REQUEST, "not_found"),
     (e.ConflictError, 409, INVALID_REQUEST, "conflict"),
     (e.PayloadTooLargeError, 413, INVALID_REQUEST, None),

@@ -4,6 +4,7 @@ and go while requests run."""
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from loraplex.engine import LoRARequest, SamplingParams
-from loraplex.engine.errors import InvalidAdapterError, RequestTooLongError
+from loraplex.engine.errors import AdapterRemovedError, InvalidAdapterError, RequestTooLongError
 from loraplex.engine.lora import lora_manager
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from tests.engine.engine_driver import make_llm, run_to_completion
@@ -71,6 +72,26 @@ def test_adapters_deep_in_the_queue_load_as_it_drains(
     outs = run_to_completion(engine)
     reasons = {rid: out.outputs[0].finish_reason for rid, out in outs.items()}
     assert reasons == {f"r{i}": "length" for i in (0, 1, 2, 3, 5)} | {"r4": "error"}
+
+
+def test_an_adapter_deleted_before_its_load_fails_its_requests_as_removed(
+    base: Path, tmp_path: Path
+) -> None:
+    """The platform's delete: the engine forgets the id and the files go while a request still
+    waits for the adapter's first load. That request ends with AdapterRemovedError (a 404 to
+    its client), not a load failure (a 500); others are unaffected."""
+    doomed = write_peft_adapter(base, tmp_path / "doomed", 4, ["q_proj"], seed=1)
+    engine = make_llm(base).engine
+    lora = LoRARequest("doomed", 7, str(doomed), content_hash="d" * 64)
+    engine.add_request("waits", [5, 6, 7], PARAMS, lora_request=lora)
+    engine.add_request("base", [5, 6, 7], PARAMS)
+    assert engine.remove_lora(7)
+    shutil.rmtree(doomed)
+    outs = run_to_completion(engine)
+    assert outs["base"].outputs[0].finish_reason == "length"
+    assert outs["waits"].outputs[0].finish_reason == "error"
+    assert isinstance(outs["waits"].error, AdapterRemovedError)
+    assert "deleted" in str(outs["waits"].error)
 
 
 def test_an_adapter_without_a_hash_is_checked_when_added(base: Path, tmp_path: Path) -> None:

@@ -8,7 +8,11 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from loraplex.engine.errors import InvalidAdapterError, InvalidParameterError
+from loraplex.engine.errors import (
+    AdapterRemovedError,
+    InvalidAdapterError,
+    InvalidParameterError,
+)
 from loraplex.platform.api.errors import describe
 from loraplex.platform.api.streaming import start_stream
 from loraplex.platform.errors import (
@@ -42,6 +46,12 @@ FAILURES: dict[str, tuple[Exception, int, str, str | None]] = {
         500,
         "server_error",
         "adapter_load_failed",
+    ),
+    "adapter deleted while the request waited": (
+        AdapterRemovedError("adapter 'support@v1' was deleted"),
+        404,
+        "invalid_request_error",
+        "model_not_found",
     ),
     "a bug": (RuntimeError("/secret/path"), 500, "server_error", None),
 }
