@@ -45,6 +45,10 @@ class LoRAStats:
     # time they waited in all (cumulative).
     num_adapter_waits: int = 0
     adapter_wait_seconds: float = 0.0
+    # Requests holding an adapter now: queued or running (the adapter's registration outlives
+    # a removal while they do), and those running on its GPU pages (which pin it there).
+    num_requests_holding: int = 0
+    num_requests_pinning: int = 0
 
     def num_resident(self, tier: AdapterTier) -> int:
         return sum(1 for r in self.resident if r.tier == tier)

@@ -90,6 +90,11 @@ class AdapterPool:
     def num_blocks_held(self) -> int:
         return sum(r.num_pages for r in self._resident.values())
 
+    @property
+    def num_pins(self) -> int:
+        """Requests scheduled on resident adapters right now (each pins its adapter)."""
+        return sum(self._pins.values())
+
     # ---- residency -----------------------------------------------------------------------
 
     def upload(self, cpu: CpuAdapter, keep: Collection[str], reserve_blocks: int = 0) -> bool:

@@ -280,6 +280,8 @@ class LoRAManager:
             num_cpu_loads=self.stats["cpu_loads"],
             num_cpu_evictions=self.stats["cpu_evictions"],
             num_load_failures=self.stats["load_failures"],
+            num_requests_holding=sum(self._inflight.values()),
+            num_requests_pinning=self.pool.num_pins,
         )
 
     def check_integrity(self) -> None:

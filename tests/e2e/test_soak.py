@@ -191,8 +191,7 @@ def test_soak_leaves_nothing_behind(soak_server: LiveServer) -> None:
     lora = engine.lora_manager
     assert lora is not None
     lora.check_integrity()
-    # Adapter pins (no public counter): requests holding an adapter, requests running on one.
-    assert not lora._inflight and not lora.pool._pins
+    assert (stats.lora.num_requests_holding, stats.lora.num_requests_pinning) == (0, 0)
     limiter = server.app_state.limiter
     assert limiter.redis is not None
     for name in TENANTS:

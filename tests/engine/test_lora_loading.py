@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from loraplex.engine import LoRARequest, SamplingParams
 from loraplex.engine.errors import AdapterRemovedError, InvalidAdapterError, RequestTooLongError
+from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.lora import lora_manager
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from tests.engine.engine_driver import make_llm, run_to_completion
@@ -24,6 +25,12 @@ PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_random_checkpoint(tmp_path_factory.mktemp("loading") / "base", "llama")
+
+
+def holds(engine: LLMEngine) -> tuple[int, int]:
+    """Requests holding an adapter (queued or running), and those running on its pages."""
+    lora = engine.get_stats().lora
+    return lora.num_requests_holding, lora.num_requests_pinning
 
 
 def nan_adapter(base: Path, out_dir: Path) -> Path:
@@ -108,11 +115,14 @@ def test_removing_an_adapter_lets_requests_in_flight_finish(base: Path, tmp_path
     engine = llm.engine
     lora = LoRARequest("a", 1, str(adapter))
     engine.add_request("first", [5, 6, 7], PARAMS, lora_request=lora)
+    assert holds(engine) == (1, 0)  # queued: it holds the adapter's registration
     engine.step()
+    assert holds(engine) == (1, 1)  # running on its pages
     assert llm.remove_lora(1) and llm.list_loras() == []
     outs = run_to_completion(engine)
     assert outs["first"].outputs[0].finish_reason == "length"
     assert engine.lora_manager.pool.num_blocks_held == 0  # dropped once its request ended
+    assert holds(engine) == (0, 0)
 
 
 def test_a_request_that_cannot_fit_beside_its_adapter_fails_clearly(base: Path, tmp_path: Path):
