@@ -29,6 +29,7 @@ import torch
 
 from loraplex.engine import LLM, AsyncEngine, SamplingParams
 from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
+from loraplex.platform.settings import Settings
 
 
 def timed(fn: object) -> tuple[float, float]:
@@ -154,7 +155,7 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, help="default: the CPU's")
     parser.add_argument("--out", type=Path, help="write cpu_prefill.json here")
     args = parser.parse_args()
-    model = args.model or str(ensure_demo_checkpoint())
+    model = args.model or str(ensure_demo_checkpoint(Settings().cache_dir))
     print(f"model {model}, torch threads {torch.get_num_threads()}", flush=True)
     results = {
         "model": model,

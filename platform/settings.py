@@ -32,6 +32,12 @@ def default_data_dir() -> Path:
     return Path(base) / "loraplex"
 
 
+def default_cache_dir() -> Path:
+    """Where rebuildable files go (the converted demo model)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "loraplex"
+
+
 class MissingSecretError(RuntimeError):
     """A command needs a secret that only the server (or `loraplex db upgrade`) creates."""
 
@@ -41,6 +47,7 @@ class Settings(BaseSettings):
 
     # Storage
     data_dir: Path = Field(default_factory=default_data_dir)
+    cache_dir: Path = Field(default_factory=default_cache_dir)  # the converted demo model
     database_url: str | None = None  # default: sqlite file data_dir/loraplex.db
     redis_url: str | None = None  # unset: the in-process rate limiter
     redis_key_prefix: str = "loraplex:"

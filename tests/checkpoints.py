@@ -12,6 +12,7 @@ from typing import Any
 
 from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
+from loraplex.platform.settings import Settings
 
 CheckpointFactory = Callable[..., Path]
 
@@ -33,4 +34,4 @@ def make_checkpoint_factory(root: Path) -> CheckpointFactory:
 def build_smollm2_checkpoint() -> Path:
     """The converted SmolLM2-135M-Instruct directory, shared with `make demo` between runs
     ($LORAPLEX_CACHE_DIR or ~/.cache/loraplex; converted once, ~30 s, then reused)."""
-    return ensure_demo_checkpoint()
+    return ensure_demo_checkpoint(Settings().cache_dir)

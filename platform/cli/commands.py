@@ -94,7 +94,7 @@ def demo_model(args: argparse.Namespace) -> int:
 
 def demo_adapter(args: argparse.Namespace) -> int:
     """A random PEFT adapter (small enough that the model stays fluent) to try `adapters add`."""
-    model = Path(args.model) if args.model else ensure_demo_checkpoint()
+    model = Path(args.model) if args.model else ensure_demo_checkpoint(Settings().cache_dir)
     path = write_random_adapter(
         model, Path(args.path), rank=args.rank, b_std=DEMO_B_STD, seed=args.seed
     )

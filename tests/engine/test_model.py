@@ -14,6 +14,7 @@ from loraplex.engine.model import ForwardContext, LlamaForCausalLM, load_model
 from loraplex.engine.model.forward_context import AttentionMetadata
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.tokenizer import Tokenizer
+from loraplex.platform.settings import Settings
 from tests.checkpoints import CheckpointFactory
 
 ATOL = 1e-4
@@ -295,7 +296,7 @@ def test_demo_checkpoint_is_reused_once_converted(
     monkeypatch.setattr(demo_checkpoint, "write_smollm2_checkpoint", fail)
     assert demo_checkpoint.ensure_demo_checkpoint(smollm2_checkpoint.parent) == smollm2_checkpoint
     monkeypatch.setenv("LORAPLEX_CACHE_DIR", str(smollm2_checkpoint.parent))
-    assert demo_checkpoint.ensure_demo_checkpoint() == smollm2_checkpoint
+    assert demo_checkpoint.ensure_demo_checkpoint(Settings().cache_dir) == smollm2_checkpoint
 
 
 def test_missing_demo_package_says_how_to_install(
