@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from loraplex.platform.auth import TokenCodec
 from loraplex.platform.crud import AdapterValidator
-from loraplex.platform.db import Database
+from loraplex.platform.db import Database, check_migrated
 from loraplex.platform.engine_client import EngineClient
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.ratelimit import FailoverRateLimiter
@@ -31,3 +31,11 @@ class AppState:
     uploads: UploadGuard = field(default_factory=UploadGuard)
     # The schema was found at the code's head (False while the database was down at start).
     schema_verified: bool = True
+
+    def verify_schema(self) -> None:
+        """A server that started while its database was down checks the schema when it is
+        first used again (once). Raises DatabaseNotMigratedError, or the driver's error while
+        the database still does not answer. Blocking: call it off the event loop."""
+        if not self.schema_verified:
+            check_migrated(self.db.engine)
+            self.schema_verified = True

@@ -19,7 +19,12 @@ from loraplex.platform.auth import (
     authenticate_admin,
     authenticate_tenant,
 )
-from loraplex.platform.errors import AuthenticationError, InvalidRequestError
+from loraplex.platform.db import DatabaseNotMigratedError
+from loraplex.platform.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    ServiceUnavailableError,
+)
 from loraplex.platform.ratelimit import rate_limit_headers
 from loraplex.platform.settings import Settings
 from loraplex.platform.state import AppState
@@ -107,12 +112,25 @@ def get_credential(request: Request) -> str:
 CredentialDep = Annotated[str, Depends(get_credential)]
 
 
+def require_schema(state: AppState) -> None:
+    """Authentication reads the registry: a database that came back from an outage without
+    its schema is a 503 that says what to do, not a 500 on a missing table."""
+    try:
+        state.verify_schema()
+    except DatabaseNotMigratedError as exc:
+        raise ServiceUnavailableError(
+            "the registry database is not at this version's schema; the operator must run "
+            "`loraplex db upgrade`"
+        ) from exc
+
+
 def get_current_tenant(
     request: Request,
     state: StateDep,
     credential: CredentialDep,
     _: Annotated[None, Depends(declare_tenant_credentials)],
 ) -> TenantContext:
+    require_schema(state)
     with state.db.session() as session:
         tenant = authenticate_tenant(session, credential, state.tokens, state.api_key_secret)
     request.state.tenant = tenant  # error responses carry the tenant's rate-limit headers too
@@ -127,6 +145,7 @@ def get_admin(
     credential: CredentialDep,
     _: Annotated[None, Depends(declare_admin_credentials)],
 ) -> AdminContext:
+    require_schema(state)
     with state.db.session() as session:
         return authenticate_admin(session, credential, state.tokens, state.api_key_secret)
 

@@ -137,3 +137,33 @@ async def test_postgres_down_at_start(
             }
             r = await c.post("/v1/completions", headers=headers, json=body)
             assert r.status_code == 200, r.text
+
+
+async def test_an_unmigrated_database_back_from_an_outage_is_a_503_that_says_what_to_do(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    database_url: str,
+    outage: tuple[Callable[[], None], Callable[[], None]],
+) -> None:
+    """Started while the database was down, the server could not check its schema; the
+    database comes back empty (nobody ran `loraplex db upgrade`). Authenticated routes answer
+    503 naming the fix (not a 500 on a missing table) until the schema is there."""
+    start_outage, end_outage = outage
+    settings = make_settings(tmp_path / "data", tiny_model_dir, database_url)
+    start_outage()
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            end_outage()
+            headers = {"Authorization": "Bearer lpx-" + "x" * 43}
+            for method, route in (("GET", "/v1/models"), ("GET", "/admin/v1/tenants")):
+                r = await c.request(method, route, headers=headers)
+                assert r.status_code == 503, r.text
+                assert "loraplex db upgrade" in r.json()["error"]["message"]
+            ready = await c.get("/ready")
+            assert ready.json()["checks"]["database"] == "not_migrated"
+
+            await anyio.to_thread.run_sync(upgrade, database_url)
+            assert (await c.get("/v1/models", headers=headers)).status_code == 401
+            assert (await c.get("/ready")).status_code == 200

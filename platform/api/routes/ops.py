@@ -13,7 +13,7 @@ from loraplex.platform.api.deps import (
     get_credential,
 )
 from loraplex.platform.api.openapi import error_responses
-from loraplex.platform.db import DatabaseNotMigratedError, check_migrated
+from loraplex.platform.db import DatabaseNotMigratedError
 from loraplex.platform.schemas.ops import (
     REASONS,
     CheckName,
@@ -62,8 +62,7 @@ async def _database_check(state: AppState) -> CheckState:
         if state.schema_verified:
             await anyio.to_thread.run_sync(state.db.ping)
         else:
-            await anyio.to_thread.run_sync(check_migrated, state.db.engine)
-            state.schema_verified = True
+            await anyio.to_thread.run_sync(state.verify_schema)
     except DatabaseNotMigratedError:
         return "not_migrated"
     except Exception:
