@@ -10,7 +10,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-# migrations/ sits at the repository root, beside platform/.
+# migrations/ sits at the repository root, beside platform/ (an installed wheel has it as
+# loraplex/migrations, beside loraplex/platform: the same relative place).
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
