@@ -55,6 +55,10 @@ def check_adapter_name(name: str) -> None:
         )
 
 
+# Tries at the next version number when concurrent uploads of one name race for it (then 409).
+VERSION_ATTEMPTS = 8
+
+
 def register_adapter(
     session: Session,
     store: AdapterStore,
@@ -107,8 +111,9 @@ def register_staged(
     failure: BaseException | None = None
     with store.committing():
         path = store.commit(staging, info.content_hash)
-        try:
-            row = Adapter(
+
+        def new_row() -> Adapter:
+            return Adapter(
                 tenant_id=tenant_id,
                 name=name,
                 base_model=base_model,
@@ -120,10 +125,10 @@ def register_staged(
                 path=str(path),
                 status=status.value,
             )
-            _add_version(session, row)
-            session.commit()
+
+        try:
+            row = _commit_next_version(session, new_row)
         except BaseException as exc:
-            session.rollback()
             failure = exc
     if failure is not None:
         remove_unused_files(session, store, info.content_hash)
@@ -133,6 +138,22 @@ def register_staged(
             ) from failure
         raise failure
     return row
+
+
+def _commit_next_version(session: Session, new_row: Callable[[], Adapter]) -> Adapter:
+    """Commit a new row as the next version of its name. Concurrent uploads of one name race
+    for that number (a unique key): the loser rolls back and numbers a fresh row again."""
+    for attempt in range(VERSION_ATTEMPTS):
+        row = new_row()
+        try:
+            _add_version(session, row)
+            session.commit()
+            return row
+        except BaseException as exc:
+            session.rollback()
+            if not isinstance(exc, IntegrityError) or attempt == VERSION_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _add_version(session: Session, row: Adapter) -> None:
