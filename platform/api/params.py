@@ -31,3 +31,27 @@ def _iso_date(value: object) -> object:
 DayQuery = Annotated[
     dt.date | None, BeforeValidator(_iso_date), Query(description="a UTC day, YYYY-MM-DD")
 ]
+
+
+def _iso_datetime(value: object) -> object:
+    """ISO 8601 only (`2026-12-01T09:30:00Z`; no offset: UTC), as a UTC datetime: pydantic
+    alone would read `0` as a Unix time, and an offset at the ends of the calendar cannot be
+    moved to UTC."""
+    if not isinstance(value, str):
+        return value
+    try:
+        moment = dt.datetime.fromisoformat(value)
+        if moment.tzinfo is None:
+            return moment.replace(tzinfo=dt.UTC)
+        return moment.astimezone(dt.UTC)
+    except (ValueError, OverflowError) as e:
+        raise ValueError(
+            f"{value[:64]!r} is not a time: use ISO 8601, e.g. 2026-12-01T09:30:00Z"
+        ) from e
+
+
+TimeQuery = Annotated[
+    dt.datetime | None,
+    BeforeValidator(_iso_datetime),
+    Query(description="an ISO 8601 time (UTC when it has no offset)"),
+]

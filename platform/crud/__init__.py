@@ -19,6 +19,7 @@ from loraplex.platform.crud.adapters import (
     set_adapter_status,
 )
 from loraplex.platform.crud.api_keys import create_api_key, read_api_keys, revoke_api_key
+from loraplex.platform.crud.audit import AuditFilter, insert_audit_event, read_audit_events
 from loraplex.platform.crud.grants import create_grant, delete_grant
 from loraplex.platform.crud.tenants import (
     create_tenant,
@@ -33,6 +34,7 @@ from loraplex.platform.crud.usage import insert_usage, read_usage
 __all__ = [
     "AdapterRef",
     "AdapterValidator",
+    "AuditFilter",
     "UsableModel",
     "check_adapter_name",
     "create_api_key",
@@ -41,10 +43,12 @@ __all__ = [
     "delete_adapter",
     "delete_grant",
     "delete_tenant",
+    "insert_audit_event",
     "insert_usage",
     "read_adapter",
     "read_adapters",
     "read_api_keys",
+    "read_audit_events",
     "read_latest_ready_ids",
     "read_tenant",
     "read_tenant_by_name",

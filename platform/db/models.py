@@ -1,9 +1,11 @@
-"""The registry's tables: tenants, API keys, adapters, adapter grants and usage records."""
+"""The registry's tables: tenants, API keys, adapters, adapter grants, usage records and the
+audit log."""
 
 from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -49,6 +51,46 @@ class AdapterStatus(enum.StrEnum):
     READY = "ready"
     FAILED = "failed"
     DISABLED = "disabled"
+
+
+class AuditTarget(enum.StrEnum):
+    """What an audited action acts on. A grant's target is its adapter (the grantee tenant is in
+    the event's detail)."""
+
+    TENANT = "tenant"
+    API_KEY = "api_key"
+    ADAPTER = "adapter"
+
+
+class AuditAction(enum.StrEnum):
+    """Every admin mutation there is, over the API and the command line."""
+
+    TENANT_CREATE = "tenant.create"
+    TENANT_UPDATE = "tenant.update"
+    TENANT_DELETE = "tenant.delete"
+    KEY_CREATE = "key.create"
+    KEY_REVOKE = "key.revoke"
+    ADAPTER_UPLOAD = "adapter.upload"  # a new version: an HTTP upload or `adapters add`
+    ADAPTER_DELETE = "adapter.delete"
+    GRANT_CREATE = "grant.create"
+    GRANT_DELETE = "grant.delete"
+
+    @property
+    def target_type(self) -> AuditTarget:
+        return _ACTION_TARGETS[self.value.partition(".")[0]]
+
+
+_ACTION_TARGETS = {
+    "tenant": AuditTarget.TENANT,
+    "key": AuditTarget.API_KEY,
+    "adapter": AuditTarget.ADAPTER,
+    "grant": AuditTarget.ADAPTER,
+}
+
+
+class AuditResult(enum.StrEnum):
+    OK = "ok"
+    FAILED = "failed"
 
 
 def _in(column: str, values: type[enum.StrEnum]) -> str:
@@ -168,3 +210,31 @@ class UsageRecord(Base):
     latency_ms: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AuditEvent(Base):
+    """One admin mutation, whatever its outcome: who (`admin:<token subject>` for the admin API,
+    `cli:<OS user>` for the command line), what, on which target, and how it ended. Written in
+    a session of its own (`platform/audit.py`), so a mutation rolled back still leaves its
+    failed event. No foreign keys: events outlive what they name. `detail` never holds a secret.
+    """
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        CheckConstraint(_in("action", AuditAction), name="action"),
+        CheckConstraint(_in("target_type", AuditTarget), name="target_type"),
+        CheckConstraint(_in("result", AuditResult), name="result"),
+        Index("ix_audit_events_target_type_target_id", "target_type", "target_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(128), index=True)
+    action: Mapped[str] = mapped_column(String(32))
+    target_type: Mapped[str] = mapped_column(String(16))
+    target_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    result: Mapped[str] = mapped_column(String(16))
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)  # HTTP only
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # HTTP only
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,4 +1,5 @@
-"""Admin resources: tenants, API keys, adapters, grants, usage (Create / Update / Public).
+"""Admin resources: tenants, API keys, adapters, grants, usage, audit events (Create / Update /
+Public).
 
 Admin bodies reject unknown fields: a typo in a limit must not silently leave it unchanged.
 """
@@ -7,12 +8,19 @@ from __future__ import annotations
 
 import datetime as dt
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict
 
 from loraplex.engine.stats import EngineStats
-from loraplex.platform.db import AdapterStatus, TenantStatus, TenantTier
+from loraplex.platform.db import (
+    AdapterStatus,
+    AuditAction,
+    AuditResult,
+    AuditTarget,
+    TenantStatus,
+    TenantTier,
+)
 from loraplex.platform.ratelimit import Backend
 
 # Ids are the registry's INTEGER columns (32-bit on PostgreSQL): larger ones cannot exist.
@@ -154,6 +162,29 @@ class UsageRow(BaseModel):
 class UsagePublic(BaseModel):
     object: str = "list"
     data: list[UsageRow]
+
+
+class AuditEventPublic(_Public):
+    """One admin mutation: `actor` is `admin:<token subject>` (API) or `cli:<OS user>`;
+    `status_code` the HTTP status answered (API only); `error_code` why it failed (the error
+    body's `code`, else its `type`); `detail` the change's own small facts (never a secret)."""
+
+    id: int
+    created_at: datetime
+    actor: str
+    action: AuditAction
+    target_type: AuditTarget
+    target_id: int | None
+    result: AuditResult
+    status_code: int | None
+    error_code: str | None
+    request_id: str | None
+    detail: dict[str, Any]
+
+
+class AuditEventsPublic(BaseModel):
+    data: list[AuditEventPublic]
+    count: int
 
 
 class EngineStatePublic(BaseModel):

@@ -15,6 +15,7 @@ import anyio
 from starlette.requests import ClientDisconnect, Request
 
 from loraplex.platform import crud
+from loraplex.platform.audit import AuditEntry
 from loraplex.platform.db import Adapter, AdapterStatus
 from loraplex.platform.errors import InvalidRequestError
 from loraplex.platform.services.adapter_check import check_adapter
@@ -28,13 +29,16 @@ def _tenant_id(text: str) -> int:
     return int(text)
 
 
-async def upload_adapter(state: AppState, request: Request) -> Adapter:
+async def upload_adapter(state: AppState, request: Request, audit: AuditEntry) -> Adapter:
+    """The stored version, `ready` or `failed` by its load check; `audit` gets the fields as
+    they arrive and the version's facts at the end."""
     settings = state.settings
     store = state.adapter_store
     limits = UploadLimits(max_bytes=settings.max_adapter_bytes)
     with contextlib.ExitStack() as held, store.staging() as staging:
 
         def on_fields(fields: dict[str, str]) -> None:  # before the files arrive
+            audit.note(tenant_id=fields["tenant_id"], name=fields["name"])
             tenant_id = _tenant_id(fields["tenant_id"])
             crud.check_adapter_name(fields["name"])
             with state.db.session() as session:
@@ -67,4 +71,8 @@ async def upload_adapter(state: AppState, request: Request) -> Adapter:
                 )
 
         row = await anyio.to_thread.run_sync(register)
-        return await check_adapter(state.db, state.engine, row.id)
+        audit.target_id = row.id
+        audit.note(tenant_id=row.tenant_id, version=row.version, sha256=row.sha256)
+        row = await check_adapter(state.db, state.engine, row.id)
+        audit.note(status=row.status, status_reason=row.status_reason)
+        return row

@@ -8,14 +8,20 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from loraplex.platform.app import create_app
-from loraplex.platform.db import Base, DatabaseNotMigratedError, create_db_engine, upgrade
+from loraplex.platform.db import (
+    Base,
+    DatabaseNotMigratedError,
+    create_db_engine,
+    upgrade,
+    utcnow,
+)
 from loraplex.platform.db.migrate import current_revision, downgrade, head_revision
 from tests.platform.platform_harness import make_settings
 
-TABLES = {"tenants", "api_keys", "adapters", "adapter_grants", "usage_records"}
+TABLES = {"tenants", "api_keys", "adapters", "adapter_grants", "usage_records", "audit_events"}
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -41,6 +47,15 @@ def tables(url: str) -> set[str]:
         engine.dispose()
 
 
+def rows(url: str, table: str) -> int:
+    engine = create_db_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+    finally:
+        engine.dispose()
+
+
 def test_upgrade_downgrade_upgrade(database_url: str) -> None:
     assert tables(database_url) == set()
     upgrade(database_url)
@@ -49,6 +64,24 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
     assert current_revision(engine) == head_revision() is not None
     engine.dispose()
     assert schema_diff(database_url) == []  # the ORM models are exactly the migrated schema
+
+    # One step down drops the audit log and nothing else; the registry's rows stay.
+    engine = create_db_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO tenants (name, priority, status, requests_per_minute, "
+                "tokens_per_minute, max_concurrent_requests, created_at, updated_at) "
+                "VALUES ('acme', 'standard', 'active', 1, 1, 1, :t, :t)"
+            ),
+            {"t": utcnow()},
+        )
+    engine.dispose()
+    downgrade(database_url, "0002")
+    assert tables(database_url) & TABLES == TABLES - {"audit_events"}
+    assert rows(database_url, "tenants") == 1
+    upgrade(database_url)
+    assert schema_diff(database_url) == [] and rows(database_url, "audit_events") == 0
 
     downgrade(database_url, "base")
     assert tables(database_url) & TABLES == set()

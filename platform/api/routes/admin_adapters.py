@@ -1,17 +1,20 @@
-"""Admin API: adapter versions (upload, list, delete) and grants."""
+"""Admin API: adapter versions (upload, list, delete) and grants. Every change is recorded in
+the audit log (`api/audit.py`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Request, status
 
 from loraplex.platform import crud
+from loraplex.platform.api.audit import audited
 from loraplex.platform.api.deps import AdminDep, SessionDep, StateDep, get_admin
 from loraplex.platform.api.openapi import error_responses
 from loraplex.platform.api.params import IdPath, TenantIdQuery
-from loraplex.platform.db import Adapter
+from loraplex.platform.audit import AuditEntry
+from loraplex.platform.db import Adapter, AuditAction
 from loraplex.platform.schemas import (
     AdapterGrantCreate,
     AdapterGrantPublic,
@@ -62,10 +65,14 @@ def _public(state: AppState, rows: list[Adapter], latest_ids: set[int]) -> list[
     openapi_extra=_UPLOAD_BODY,
     responses=error_responses(404),  # no such tenant
 )
-async def create_adapter(request: Request, state: StateDep, admin: AdminDep) -> AdapterPublic:
+async def create_adapter(
+    audit: Annotated[AuditEntry, audited(AuditAction.ADAPTER_UPLOAD)],
+    request: Request,
+    state: StateDep,
+) -> AdapterPublic:
     """Upload a new version (multipart: `tenant_id`, `name`, then the two PEFT files or one
     .zip / .tar.gz). Answers once the load check is done: `status` is `ready` or `failed`."""
-    row = await upload_adapter(state, request)
+    row = await upload_adapter(state, request, audit)
 
     def latest() -> set[int]:
         with state.db.session() as session:
@@ -96,12 +103,18 @@ def read_adapter(
 
 
 @router.delete("/adapters/{adapter_id}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_adapter(state: StateDep, admin: AdminDep, adapter_id: IdPath) -> None:
+async def delete_adapter(
+    audit: Annotated[AuditEntry, audited(AuditAction.ADAPTER_DELETE)],
+    state: StateDep,
+    adapter_id: IdPath,
+) -> None:
     """Unregister one version: new requests naming it get 404 (a bare name falls back to the
     latest remaining ready version); requests in flight finish on it."""
 
     def delete() -> None:
         with state.db.session() as session:
+            row = crud.read_adapter(session, adapter_id)
+            audit.note(tenant_id=row.tenant_id, name=row.name, version=row.version)
             crud.delete_adapter(session, state.adapter_store, adapter_id)
 
     await anyio.to_thread.run_sync(delete)
@@ -123,13 +136,20 @@ def read_grants(
     status_code=status.HTTP_201_CREATED,
 )
 def create_grant(
-    session: SessionDep, admin: AdminDep, adapter_id: IdPath, body: AdapterGrantCreate
+    audit: Annotated[AuditEntry, audited(AuditAction.GRANT_CREATE)],
+    session: SessionDep,
+    adapter_id: IdPath,
+    body: AdapterGrantCreate,
 ) -> AdapterGrantPublic:
+    audit.note(tenant_id=body.tenant_id)
     return AdapterGrantPublic.model_validate(crud.create_grant(session, adapter_id, body.tenant_id))
 
 
 @router.delete("/adapters/{adapter_id}/grants/{tenant_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_grant(
-    session: SessionDep, admin: AdminDep, adapter_id: IdPath, tenant_id: IdPath
+    audit: Annotated[AuditEntry, audited(AuditAction.GRANT_DELETE)],
+    session: SessionDep,
+    adapter_id: IdPath,
+    tenant_id: IdPath,
 ) -> None:
-    crud.delete_grant(session, adapter_id, tenant_id)
+    crud.delete_grant(session, adapter_id, tenant_id)  # the path's tenant_id is in the detail

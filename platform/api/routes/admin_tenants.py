@@ -1,4 +1,5 @@
-"""Admin API: tenants and their API keys."""
+"""Admin API: tenants and their API keys. Every change is recorded in the audit log
+(`api/audit.py`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import anyio
 from fastapi import APIRouter, Depends, Query, status
 
 from loraplex.platform import crud
+from loraplex.platform.api.audit import audited
 from loraplex.platform.api.deps import AdminDep, SessionDep, SettingsDep, StateDep, get_admin
 from loraplex.platform.api.params import IdPath, LimitQuery, SkipQuery
+from loraplex.platform.audit import AuditEntry
+from loraplex.platform.db import AuditAction
 from loraplex.platform.schemas import (
     ApiKeyCreate,
     ApiKeyCreated,
@@ -26,9 +30,15 @@ router = APIRouter(prefix="/admin/v1", tags=["admin"], dependencies=[Depends(get
 
 @router.post("/tenants", response_model=TenantPublic, status_code=status.HTTP_201_CREATED)
 def create_tenant(
-    session: SessionDep, settings: SettingsDep, admin: AdminDep, body: TenantCreate
+    audit: Annotated[AuditEntry, audited(AuditAction.TENANT_CREATE)],
+    session: SessionDep,
+    settings: SettingsDep,
+    body: TenantCreate,
 ) -> TenantPublic:
-    return TenantPublic.model_validate(crud.create_tenant(session, body, settings))
+    audit.note(**body.model_dump(mode="json", exclude_unset=True))
+    tenant = crud.create_tenant(session, body, settings)
+    audit.target_id = tenant.id
+    return TenantPublic.model_validate(tenant)
 
 
 @router.get("/tenants", response_model=TenantsPublic)
@@ -52,17 +62,26 @@ def read_tenant(session: SessionDep, admin: AdminDep, tenant_id: IdPath) -> Tena
 
 @router.patch("/tenants/{tenant_id}", response_model=TenantPublic)
 def update_tenant(
-    session: SessionDep, admin: AdminDep, tenant_id: IdPath, body: TenantUpdate
+    audit: Annotated[AuditEntry, audited(AuditAction.TENANT_UPDATE)],
+    session: SessionDep,
+    tenant_id: IdPath,
+    body: TenantUpdate,
 ) -> TenantPublic:
+    audit.note(**body.model_dump(mode="json", exclude_unset=True))
     return TenantPublic.model_validate(crud.update_tenant(session, tenant_id, body))
 
 
 @router.delete("/tenants/{tenant_id}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_tenant(state: StateDep, admin: AdminDep, tenant_id: IdPath) -> None:
+async def delete_tenant(
+    audit: Annotated[AuditEntry, audited(AuditAction.TENANT_DELETE)],
+    state: StateDep,
+    tenant_id: IdPath,
+) -> None:
     def delete() -> list[int]:
         with state.db.session() as session:
-            crud.read_tenant(session, tenant_id)
+            audit.note(name=crud.read_tenant(session, tenant_id).name)
             adapter_ids = [a.id for a in crud.read_adapters(session, tenant_id)]
+            audit.note(adapter_ids=adapter_ids)
             for adapter_id in adapter_ids:
                 crud.delete_adapter(session, state.adapter_store, adapter_id)  # files too
             crud.delete_tenant(session, tenant_id)
@@ -78,9 +97,15 @@ async def delete_tenant(state: StateDep, admin: AdminDep, tenant_id: IdPath) -> 
     status_code=status.HTTP_201_CREATED,
 )
 def create_api_key(
-    session: SessionDep, state: StateDep, admin: AdminDep, tenant_id: IdPath, body: ApiKeyCreate
+    audit: Annotated[AuditEntry, audited(AuditAction.KEY_CREATE)],
+    session: SessionDep,
+    state: StateDep,
+    tenant_id: IdPath,
+    body: ApiKeyCreate,
 ) -> ApiKeyCreated:
+    audit.note(**body.model_dump(mode="json", exclude_unset=True))  # name, expires_at
     row, key = crud.create_api_key(session, tenant_id, body, state.api_key_secret)
+    audit.target_id = row.id  # the secret itself is never noted
     public = ApiKeyPublic.model_validate(row)
     return ApiKeyCreated(**public.model_dump(), key=key)
 
@@ -92,6 +117,12 @@ def read_api_keys(session: SessionDep, admin: AdminDep, tenant_id: IdPath) -> Ap
 
 
 @router.delete("/api-keys/{key_id}", response_model=ApiKeyPublic)
-def delete_api_key(session: SessionDep, admin: AdminDep, key_id: IdPath) -> ApiKeyPublic:
+def delete_api_key(
+    audit: Annotated[AuditEntry, audited(AuditAction.KEY_REVOKE)],
+    session: SessionDep,
+    key_id: IdPath,
+) -> ApiKeyPublic:
     """Revokes the key (kept for the audit trail); tokens exchanged from it die with it."""
-    return ApiKeyPublic.model_validate(crud.revoke_api_key(session, key_id))
+    row = crud.revoke_api_key(session, key_id)
+    audit.note(tenant_id=row.tenant_id, name=row.name)
+    return ApiKeyPublic.model_validate(row)
