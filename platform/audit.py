@@ -11,6 +11,7 @@ of a generic dump: callers add the fields they mean (never key material or token
 
 from __future__ import annotations
 
+import datetime as dt
 import getpass
 import logging
 import os
@@ -71,6 +72,20 @@ def cli_actor() -> str:
     except (OSError, KeyError):  # no login name and no passwd entry (some containers)
         user = f"uid-{os.getuid()}"
     return _clean(f"cli:{user}", MAX_ACTOR)
+
+
+def parse_time(text: str) -> dt.datetime:
+    """An ISO 8601 time as a UTC datetime (no offset: UTC); ValueError for anything else,
+    including a Unix time and an offset that would move it off the calendar."""
+    try:
+        moment = dt.datetime.fromisoformat(text)
+        if moment.tzinfo is None:
+            return moment.replace(tzinfo=dt.UTC)
+        return moment.astimezone(dt.UTC)
+    except (ValueError, OverflowError) as e:
+        raise ValueError(
+            f"{text[:64]!r} is not a time: use ISO 8601, e.g. 2026-12-01T09:30:00Z"
+        ) from e
 
 
 @contextmanager

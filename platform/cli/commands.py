@@ -1,19 +1,29 @@
-"""Registry commands: they work on the database directly (no server needed)."""
+"""Registry commands: they work on the database directly (no server needed). Every change is
+recorded in the audit log as `cli:<OS user>`, refused ones included (`changing`)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from loraplex.platform import crud
 from loraplex.platform.adapter_validator import engine_adapter_validator
+from loraplex.platform.api.errors import describe
+from loraplex.platform.audit import AuditEntry, AuditFailure, cli_actor, parse_time, recording
 from loraplex.platform.auth import TokenCodec
 from loraplex.platform.db import (
+    AuditAction,
+    AuditEvent,
+    AuditResult,
+    AuditTarget,
     Database,
     DatabaseNotMigratedError,
     Tenant,
@@ -25,6 +35,7 @@ from loraplex.platform.demo.adapters import write_random_adapter
 from loraplex.platform.demo.bootstrap import DEMO_B_STD
 from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint, write_smollm2_checkpoint
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
+from loraplex.platform.errors import LoraplexError
 from loraplex.platform.schemas import ApiKeyCreate, TenantCreate, TenantUpdate
 from loraplex.platform.settings import Settings
 from loraplex.platform.storage import AdapterStore
@@ -35,17 +46,51 @@ class CommandError(Exception):
 
 
 @contextmanager
-def registry(settings: Settings) -> Iterator[Session]:
+def _database(settings: Settings) -> Iterator[Database]:
     db = Database(settings.resolved_database_url)
     try:
         try:
             check_migrated(db.engine)
         except DatabaseNotMigratedError as e:
             raise CommandError(str(e)) from e
-        with db.session() as session:
-            yield session
+        yield db
     finally:
         db.dispose()
+
+
+@contextmanager
+def registry(settings: Settings) -> Iterator[Session]:
+    with _database(settings) as db, db.session() as session:
+        yield session
+
+
+@contextmanager
+def changing(settings: Settings, action: AuditAction) -> Iterator[tuple[Session, AuditEntry]]:
+    """A registry session for one change, recorded in the audit log however it ends (the
+    session is closed, so rolled back on failure, before the event is written)."""
+    entry = AuditEntry(action=action, actor=cli_actor())
+    with (
+        _database(settings) as db,
+        recording(db, entry, _explain),
+        db.session() as session,
+    ):
+        yield session, entry
+
+
+def _explain(exc: BaseException) -> AuditFailure:
+    """A refused command with the error code the API gives the same error."""
+    if isinstance(exc, LoraplexError):
+        error = describe(exc)
+        return AuditFailure(None, error.code or error.type, error.message)
+    if isinstance(exc, ValidationError):
+        return AuditFailure(None, "invalid_request_error", validation_message(exc))
+    if isinstance(exc, CommandError):
+        return AuditFailure(None, "command_error", str(exc))
+    return AuditFailure(None, type(exc).__name__, "the command failed")
+
+
+def validation_message(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
 
 
 def _tenant(session: Session, ref: str) -> Tenant:
@@ -111,17 +156,21 @@ def _print_tenant(t: Tenant) -> None:
 
 def tenants_create(args: argparse.Namespace) -> int:
     settings = Settings()
-    body = TenantCreate.model_validate(
-        {
-            "name": args.name,
-            "priority": args.priority or TenantTier.STANDARD,
-            "requests_per_minute": args.rpm,
-            "tokens_per_minute": args.tpm,
-            "max_concurrent_requests": args.concurrency,
-        }
-    )
-    with registry(settings) as session:
-        _print_tenant(crud.create_tenant(session, body, settings))
+    fields = {
+        "name": args.name,
+        "priority": args.priority,
+        "requests_per_minute": args.rpm,
+        "tokens_per_minute": args.tpm,
+        "max_concurrent_requests": args.concurrency,
+    }
+    with changing(settings, AuditAction.TENANT_CREATE) as (session, audit):
+        audit.note(**{k: v for k, v in fields.items() if v is not None})
+        body = TenantCreate.model_validate(
+            {**fields, "priority": args.priority or TenantTier.STANDARD}
+        )
+        tenant = crud.create_tenant(session, body, settings)
+        audit.target_id = tenant.id
+        _print_tenant(tenant)
     return 0
 
 
@@ -142,9 +191,12 @@ def tenants_update(args: argparse.Namespace) -> int:
         "tokens_per_minute": args.tpm,
         "max_concurrent_requests": args.concurrency,
     }
-    body = TenantUpdate.model_validate({k: v for k, v in fields.items() if v is not None})
-    with registry(Settings()) as session:
-        _print_tenant(crud.update_tenant(session, _tenant(session, args.tenant).id, body))
+    changes = {k: v for k, v in fields.items() if v is not None}
+    with changing(Settings(), AuditAction.TENANT_UPDATE) as (session, audit):
+        audit.note(tenant=args.tenant, **changes)
+        body = TenantUpdate.model_validate(changes)
+        audit.target_id = _tenant(session, args.tenant).id
+        _print_tenant(crud.update_tenant(session, audit.target_id, body))
     return 0
 
 
@@ -153,11 +205,16 @@ def keys_create(args: argparse.Namespace) -> int:
     expires_at = None
     if args.expires_in_days is not None:
         expires_at = dt.datetime.now(dt.UTC) + dt.timedelta(days=args.expires_in_days)
-    body = ApiKeyCreate(name=args.name, expires_at=expires_at)
     secret = settings.api_key_hash_secret(create=False)  # else the server would refuse the key
-    with registry(settings) as session:
+    with changing(settings, AuditAction.KEY_CREATE) as (session, audit):
+        audit.note(
+            tenant=args.tenant, name=args.name, expires_at=expires_at and expires_at.isoformat()
+        )
+        body = ApiKeyCreate(name=args.name, expires_at=expires_at)
         tenant = _tenant(session, args.tenant)
         row, key = crud.create_api_key(session, tenant.id, body, secret)
+        audit.target_id = row.id  # the secret itself is never noted
+        audit.note(tenant_id=tenant.id)
         print(f"key id {row.id} for tenant {tenant.name!r} (shown once, store it now):")
         print(key)
     return 0
@@ -175,8 +232,10 @@ def keys_list(args: argparse.Namespace) -> int:
 
 
 def keys_revoke(args: argparse.Namespace) -> int:
-    with registry(Settings()) as session:
+    with changing(Settings(), AuditAction.KEY_REVOKE) as (session, audit):
+        audit.target_id = args.key_id
         row = crud.revoke_api_key(session, args.key_id)
+        audit.note(tenant_id=row.tenant_id, name=row.name)
         print(f"revoked key {row.id} ({row.prefix}...)")
     return 0
 
@@ -184,14 +243,16 @@ def keys_revoke(args: argparse.Namespace) -> int:
 def adapters_add(args: argparse.Namespace) -> int:
     settings = Settings()
     model = args.model or settings.model
-    if not model:
-        raise CommandError(
-            "the base model is needed to validate the adapter: pass --model or set LORAPLEX_MODEL"
-        )
     source = Path(args.dir)
-    if not source.is_dir():
-        raise CommandError(f"{source} is not a directory")
-    with registry(settings) as session:
+    with changing(settings, AuditAction.ADAPTER_UPLOAD) as (session, audit):
+        audit.note(tenant=args.tenant, name=args.name, source=str(source.resolve()))
+        if not model:
+            raise CommandError(
+                "the base model is needed to validate the adapter: pass --model or set "
+                "LORAPLEX_MODEL"
+            )
+        if not source.is_dir():
+            raise CommandError(f"{source} is not a directory")
         tenant = _tenant(session, args.tenant)
         row = crud.register_adapter(
             session,
@@ -202,6 +263,8 @@ def adapters_add(args: argparse.Namespace) -> int:
             source_dir=source,
             base_model=Path(model).name,
         )
+        audit.target_id = row.id
+        audit.note(tenant_id=tenant.id, version=row.version, sha256=row.sha256, status=row.status)
         print(
             f"adapter {row.id} {row.name}@v{row.version} for tenant {tenant.name!r}: rank {row.rank}, "
             f"targets {','.join(row.target_modules)}, sha256 {row.sha256}"
@@ -223,7 +286,48 @@ def adapters_list(args: argparse.Namespace) -> int:
 
 def adapters_remove(args: argparse.Namespace) -> int:
     settings = Settings()
-    with registry(settings) as session:
+    with changing(settings, AuditAction.ADAPTER_DELETE) as (session, audit):
+        audit.target_id = args.adapter_id
+        row = crud.read_adapter(session, args.adapter_id)
+        audit.note(tenant_id=row.tenant_id, name=row.name, version=row.version)
         crud.delete_adapter(session, AdapterStore(settings.resolved_adapter_dir), args.adapter_id)
         print(f"removed adapter {args.adapter_id}")
     return 0
+
+
+def audit_list(args: argparse.Namespace) -> int:
+    """Admin mutations, newest first, tab-separated; a note on stderr when more match."""
+    try:
+        since = parse_time(args.since) if args.since else None
+        until = parse_time(args.until) if args.until else None
+    except ValueError as e:
+        raise CommandError(str(e)) from e
+    where = crud.AuditFilter(
+        actor=args.actor,
+        action=AuditAction(args.action) if args.action else None,
+        target_type=AuditTarget(args.target_type) if args.target_type else None,
+        target_id=args.target_id,
+        result=AuditResult(args.result) if args.result else None,
+        since=since,
+        until=until,
+    )
+    with registry(Settings()) as session:
+        rows, count = crud.read_audit_events(session, where, args.skip, args.limit)
+        for event in rows:
+            print(_audit_line(event))
+    if args.skip + len(rows) < count:
+        print(
+            f"({len(rows)} of {count} events from {args.skip}: --skip {args.skip + len(rows)} "
+            "for the next ones)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _audit_line(e: AuditEvent) -> str:
+    outcome = " ".join(str(x) for x in (e.result, e.status_code, e.error_code) if x is not None)
+    return (
+        f"{e.id}\t{e.created_at.isoformat(timespec='seconds')}\t{e.actor}\t{e.action}\t"
+        f"{e.target_type}:{e.target_id if e.target_id is not None else '-'}\t{outcome}\t"
+        f"{e.request_id or '-'}\t{json.dumps(e.detail, sort_keys=True)}"
+    )

@@ -16,6 +16,20 @@ from collections.abc import Callable, Sequence
 # they agree): importing the registry package here would cost `--help` half a second.
 TIERS = ("interactive", "standard", "batch")
 STATUSES = ("active", "suspended")
+# The values of db.AuditAction, db.AuditTarget and db.AuditResult (checked the same way).
+AUDIT_ACTIONS = (
+    "tenant.create",
+    "tenant.update",
+    "tenant.delete",
+    "key.create",
+    "key.revoke",
+    "adapter.upload",
+    "adapter.delete",
+    "grant.create",
+    "grant.delete",
+)
+AUDIT_TARGETS = ("tenant", "api_key", "adapter")
+AUDIT_RESULTS = ("ok", "failed")
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -74,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     _tenant_parsers(sub)
     _key_parsers(sub)
     _adapter_parsers(sub)
+    _audit_parsers(sub)
     return parser
 
 
@@ -140,6 +155,44 @@ def _adapter_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.set_defaults(handler="commands.adapters_remove")
 
 
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
+        return value
+
+    return parse
+
+
+def _audit_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    audit = sub.add_parser(
+        "audit",
+        help="the audit log of admin changes",
+        description="The audit log: every admin change (API and CLI), refused ones included.",
+    ).add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
+    p = audit.add_parser("list", help="list admin changes, newest first (tab-separated)")
+    p.add_argument("--actor", help="exactly this actor (admin:<token subject>, cli:<OS user>)")
+    p.add_argument(
+        "--action",
+        choices=AUDIT_ACTIONS,
+        metavar="ACTION",
+        help=f"only this action: {', '.join(AUDIT_ACTIONS)}",
+    )
+    p.add_argument("--target-type", choices=AUDIT_TARGETS, help="only targets of this kind")
+    p.add_argument("--target-id", type=int, metavar="ID", help="only this target's id")
+    p.add_argument("--result", choices=AUDIT_RESULTS, help="only changes that ended so")
+    p.add_argument("--since", metavar="TIME", help="from this ISO 8601 time (UTC if no offset)")
+    p.add_argument("--until", metavar="TIME", help="before this ISO 8601 time")
+    p.add_argument(
+        "--skip", type=_count(0), default=0, metavar="N", help="skip the N newest matches"
+    )
+    p.add_argument(
+        "--limit", type=_count(1), default=50, metavar="N", help="at most N (default 50)"
+    )
+    p.set_defaults(handler="commands.audit_list")
+
+
 def _handler(name: str) -> Handler:
     module, function = name.rsplit(".", 1)
     handler: Handler = getattr(importlib.import_module(f"loraplex.platform.cli.{module}"), function)
@@ -151,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = _handler(args.handler)
     from pydantic import ValidationError  # after parsing: `--help` never pays for these
 
-    from loraplex.platform.cli.commands import CommandError
+    from loraplex.platform.cli.commands import CommandError, validation_message
     from loraplex.platform.errors import LoraplexError
     from loraplex.platform.settings import MissingSecretError
 
@@ -159,9 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except (LoraplexError, CommandError, ValidationError, MissingSecretError) as e:
         if isinstance(e, ValidationError):
-            message = "; ".join(
-                f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()
-            )
+            message = validation_message(e)
         else:
             message = e.message if isinstance(e, LoraplexError) else str(e)
         print(f"loraplex: error: {message}", file=sys.stderr)

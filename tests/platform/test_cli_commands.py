@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import shutil
 import subprocess
@@ -14,8 +15,25 @@ import pytest
 from sqlalchemy import select
 
 from loraplex.platform.cli import main
-from loraplex.platform.cli.main import STATUSES, TIERS, _parser
-from loraplex.platform.db import ApiKey, Database, TenantStatus, TenantTier, upgrade
+from loraplex.platform.cli.main import (
+    AUDIT_ACTIONS,
+    AUDIT_RESULTS,
+    AUDIT_TARGETS,
+    STATUSES,
+    TIERS,
+    _parser,
+)
+from loraplex.platform.db import (
+    ApiKey,
+    AuditAction,
+    AuditEvent,
+    AuditResult,
+    AuditTarget,
+    Database,
+    TenantStatus,
+    TenantTier,
+    upgrade,
+)
 from loraplex.platform.demo.bootstrap import bootstrap_demo
 from loraplex.platform.settings import Settings
 
@@ -107,6 +125,71 @@ def test_registry_commands(
     assert code == 1 and "ttl must be in" in err
 
 
+def test_changes_are_audited_as_the_os_user(
+    env: Path, capsys: pytest.CaptureFixture[str], adapter_sources: dict[str, Path]
+) -> None:
+    """Each registry change leaves an audit event as `cli:<user>`, refused ones included;
+    `audit list` shows them newest first, filtered and paged."""
+    actor = f"cli:{getpass.getuser()}"
+    assert run(capsys, "db", "upgrade")[0] == 0
+    assert run(capsys, "tenants", "create", "acme", "--rpm", "5")[0] == 0
+    assert run(capsys, "tenants", "create", "acme")[0] == 1  # taken
+    assert run(capsys, "tenants", "create", "bad name")[0] == 1  # refused before the registry
+    assert run(capsys, "tenants", "update", "nobody", "--tpm", "9")[0] == 1
+    assert run(capsys, "tenants", "update", "acme", "--status", "suspended")[0] == 0
+    key = run(capsys, "keys", "create", "acme", "--name", "ci")[1].strip().splitlines()[-1]
+    assert run(capsys, "keys", "revoke", "1")[0] == 0
+    assert run(capsys, "keys", "revoke", "7")[0] == 1
+    assert (
+        run(capsys, "adapters", "add", "--tenant", "acme", "--name", "bot", "/nonexistent")[0] == 1
+    )
+    code, _, _ = run(
+        capsys, "adapters", "add", "--tenant", "acme", "--name", "bot", str(adapter_sources["r4"])
+    )
+    assert code == 0 and run(capsys, "adapters", "remove", "1")[0] == 0
+
+    with Database(Settings().resolved_database_url).session() as session:
+        events = session.scalars(select(AuditEvent).order_by(AuditEvent.id)).all()
+    assert {e.actor for e in events} == {actor}
+    assert all(e.status_code is None and e.request_id is None for e in events)
+    assert [(e.action, e.target_id, e.result, e.error_code) for e in events] == [
+        ("tenant.create", 1, "ok", None),
+        ("tenant.create", None, "failed", "conflict"),
+        ("tenant.create", None, "failed", "invalid_request_error"),
+        ("tenant.update", None, "failed", "not_found"),
+        ("tenant.update", 1, "ok", None),
+        ("key.create", 1, "ok", None),
+        ("key.revoke", 1, "ok", None),
+        ("key.revoke", 7, "failed", "not_found"),
+        ("adapter.upload", None, "failed", "command_error"),
+        ("adapter.upload", 1, "ok", None),
+        ("adapter.delete", 1, "ok", None),
+    ]
+    assert events[0].detail == {"name": "acme", "requests_per_minute": 5}
+    assert events[3].detail["tenant"] == "nobody" and "not found" in events[3].detail["error"]
+    assert events[5].detail == {"tenant": "acme", "name": "ci", "expires_at": None, "tenant_id": 1}
+    assert key not in str([e.detail for e in events]) and key[4:] not in str(events[5].detail)
+    assert events[9].detail["version"] == 1 and events[9].detail["status"] == "ready"
+
+    code, out, err = run(capsys, "audit", "list")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 11 and err == ""
+    assert lines[0].split("\t")[2:6] == [actor, "adapter.delete", "adapter:1", "ok"]
+    code, out, err = run(capsys, "audit", "list", "--result", "failed", "--limit", "2")
+    assert [line.split("\t")[3:6] for line in out.splitlines()] == [
+        ["adapter.upload", "adapter:-", "failed command_error"],
+        ["key.revoke", "api_key:7", "failed not_found"],
+    ]
+    assert "2 of 5 events" in err and "--skip 2" in err
+    out = run(capsys, "audit", "list", "--target-type", "tenant", "--target-id", "1")[1]
+    assert len(out.splitlines()) == 2
+    assert run(capsys, "audit", "list", "--action", "key.create", "--actor", "cli:x")[1] == ""
+    assert len(run(capsys, "audit", "list", "--since", "2000-01-01")[1].splitlines()) == 11
+    assert run(capsys, "audit", "list", "--until", "2000-01-01T00:00:00+01:00")[1] == ""
+    code, _, err = run(capsys, "audit", "list", "--since", "0")
+    assert code == 1 and "ISO 8601" in err
+
+
 def test_demo_bootstrap_is_idempotent(env: Path) -> None:
     settings = Settings()
     first = bootstrap_demo(settings)
@@ -168,3 +251,6 @@ def test_help_is_fast_and_complete() -> None:
 def test_cli_choices_are_the_registry_values() -> None:
     assert tuple(t.value for t in TenantTier) == TIERS
     assert tuple(s.value for s in TenantStatus) == STATUSES
+    assert tuple(a.value for a in AuditAction) == AUDIT_ACTIONS
+    assert tuple(t.value for t in AuditTarget) == AUDIT_TARGETS
+    assert tuple(r.value for r in AuditResult) == AUDIT_RESULTS
