@@ -3,6 +3,7 @@
 import { render } from "../vendor/preact-htm.standalone.js";
 import { api, setUnauthorizedHandler, token } from "./api.js";
 import { AdaptersPage } from "./pages/adapters.js";
+import { AuditPage } from "./pages/audit.js";
 import { DashboardPage } from "./pages/dashboard.js";
 import { KeysPage } from "./pages/keys.js";
 import { TenantsPage } from "./pages/tenants.js";
@@ -15,6 +16,7 @@ const PAGES = [
   { route: "keys", title: "API keys", component: KeysPage },
   { route: "adapters", title: "Adapters", component: AdaptersPage },
   { route: "usage", title: "Usage", component: UsagePage },
+  { route: "audit", title: "Audit", component: AuditPage },
 ];
 
 function currentRoute() {

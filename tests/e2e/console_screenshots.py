@@ -23,7 +23,7 @@ from tests.platform.platform_harness import make_settings
 from tests.platform.upload_helpers import adapter_files
 
 OUT = REPO / "admin-ui" / "screenshots"
-PAGES = ["dashboard", "tenants", "keys", "adapters", "usage"]
+PAGES = ["dashboard", "tenants", "keys", "adapters", "usage", "audit"]
 
 
 def traffic(server: LiveServer, key: str, rounds: int) -> None:
@@ -50,6 +50,7 @@ def seed(server: LiveServer, adapters: dict[str, Path]) -> tuple[int, str]:
             "initech": {"priority": "batch", "status": "suspended"},
         }.items():
             ids[name] = c.post("/admin/v1/tenants", json={"name": name, **fields}).json()["id"]
+        c.post("/admin/v1/tenants", json={"name": "acme"})  # refused (409): the audit log shows it
         key = c.post(f"/admin/v1/tenants/{ids['acme']}/api-keys", json={"name": "prod"}).json()
         c.post(f"/admin/v1/tenants/{ids['acme']}/api-keys", json={"name": "ci"})
         for name, source in (("support", "r4"), ("support", "r8"), ("summarizer", "r4")):

@@ -17,7 +17,7 @@ from tests.e2e.live_server import LiveServer, serving
 from tests.platform.platform_harness import make_settings
 from tests.platform.upload_helpers import adapter_files
 
-PAGES = ["dashboard", "tenants", "keys", "adapters", "usage"]
+PAGES = ["dashboard", "tenants", "keys", "adapters", "usage", "audit"]
 CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 6, "temperature": 0}
 
 
@@ -149,6 +149,28 @@ def test_the_operators_flow(
     page.get_by_role("button", name=f"Revoke key {key[:12]}").click()
     expect(page.get_by_role("status")).to_contain_text("Revoked key")
     assert chat(server, key, "support").status_code == 401
+
+    # The audit log: each change above, newest first, by this token's subject, with how it
+    # ended; the refused duplicate tenant is there too; the filters narrow it server-side.
+    page.get_by_role("link", name="Audit").click()
+    expect(page.get_by_role("heading", name="Audit", level=1)).to_be_visible()
+    rows = page.get_by_role("region", name="Audit log table").get_by_role("row")
+    expect(rows).to_have_count(7)  # the header and six changes
+    expect(rows.nth(1)).to_contain_text("key.revoke")
+    expect(rows.nth(1)).to_contain_text("admin:browser-tests")
+    expect(page.get_by_role("navigation", name="Pages")).to_contain_text("1–6 of 6")
+    page.get_by_label("Result").select_option("failed")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(1)).to_contain_text("tenant.create")
+    expect(rows.nth(1)).to_contain_text("409 conflict")
+    expect(rows.nth(1)).to_contain_text("already exists")
+    page.get_by_role("button", name="Clear filters").click()
+    page.get_by_label("Action").select_option("adapter.upload")
+    expect(rows).to_have_count(3)
+    expect(rows.nth(1)).to_contain_text("version: 2")
+    page.get_by_label("Target ID").fill("999")
+    expect(page.get_by_text("No events match these filters.")).to_be_visible()
+    assert key not in page.content() and key[4:] not in page.content()
 
 
 def test_validation_errors_are_shown_in_words(page: Page, server: LiveServer) -> None:
