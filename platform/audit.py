@@ -15,6 +15,7 @@ import datetime as dt
 import getpass
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -74,11 +75,19 @@ def cli_actor() -> str:
     return _clean(f"cli:{user}", MAX_ACTOR)
 
 
+# RFC 3339's date-time, with the seconds and the offset optional, or a day alone: none of the
+# other forms `fromisoformat` reads (20261201, week dates) that would take digits for a time.
+_TIME = re.compile(r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?(Z|[+-]\d{2}:\d{2})?")
+
+
 def parse_time(text: str) -> dt.datetime:
-    """An ISO 8601 time as a UTC datetime (no offset: UTC); ValueError for anything else,
-    including a Unix time and an offset that would move it off the calendar."""
+    """An ISO 8601 time (`2026-12-01T09:30:00Z`, `2026-12-01`) as a UTC datetime, UTC when it
+    has no offset; ValueError for anything else, including a Unix time and an offset that
+    would move it off the calendar."""
     try:
-        moment = dt.datetime.fromisoformat(text)
+        if not _TIME.fullmatch(text.upper()):
+            raise ValueError(text)
+        moment = dt.datetime.fromisoformat(text.upper())
         if moment.tzinfo is None:
             return moment.replace(tzinfo=dt.UTC)
         return moment.astimezone(dt.UTC)

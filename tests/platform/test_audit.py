@@ -208,6 +208,9 @@ async def test_paging_and_filters(server: Platform) -> None:
     later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
     assert await page(since=later.isoformat()) == ([], 0)
     assert (await page(until=later.strftime("%Y-%m-%dT%H:%M:%S")))[1] == 5  # no offset: UTC
+    assert (await page(until=later.strftime("%Y-%m-%dt%H:%M:%S.%fz")))[1] == 5
+    assert (await page(since=start.strftime("%Y-%m-%d")))[1] == 5  # a day: its midnight, UTC
+    assert (await page(since=(later + dt.timedelta(days=1)).strftime("%Y-%m-%d")))[1] == 0
     assert await page(until=start.isoformat()) == ([], 0)
     # Offsets are honoured: the same moments written in other time zones.
     assert (await page(since=start.astimezone(dt.timezone(dt.timedelta(hours=-5))).isoformat()))[
@@ -230,6 +233,8 @@ async def test_paging_and_filters(server: Platform) -> None:
         {"actor": "x" * 129},
         {"since": "0"},
         {"since": "yesterday"},
+        {"since": "20261201"},  # ISO 8601, but digits a fuzzer may send for anything
+        {"since": "2024-01-01T12:99:00Z"},
         {"until": "9999-12-31T23:59:59-23:59"},  # past the calendar in UTC
     ):
         r = await server.client.get("/admin/v1/audit", headers=server.admin, params=bad)
