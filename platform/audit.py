@@ -77,7 +77,9 @@ def cli_actor() -> str:
 
 # RFC 3339's date-time, with the seconds and the offset optional, or a day alone: none of the
 # other forms `fromisoformat` reads (20261201, week dates) that would take digits for a time.
-_TIME = re.compile(r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?(Z|[+-]\d{2}:\d{2})?")
+_TIME = re.compile(
+    r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?(Z|[+-]\d{2}:\d{2})?", re.ASCII
+)
 
 
 def parse_time(text: str) -> dt.datetime:
