@@ -89,17 +89,22 @@ export function Pager({ skip, limit, count, onPage }) {
   </nav>`;
 }
 
-// A tenant chosen by searching its name (server-side, like the tenants page).
+// A tenant chosen by searching its name (server-side, like the tenants page). The list shows
+// the first PICKER_LIMIT matches and says when there are more (the search narrows them).
+const PICKER_LIMIT = 50;
+
 export function TenantPicker({ value, onChange, allowAll = false, id = "tenant-picker" }) {
   const [q, setQ] = useState("");
   const [tenants, setTenants] = useState([]);
+  const [total, setTotal] = useState(0);
   const [error, setError] = useState(null);
   useEffect(() => {
     const timer = setTimeout(() => {
       api
-        .get("/admin/v1/tenants", { q, limit: 50 })
+        .get("/admin/v1/tenants", { q, limit: PICKER_LIMIT })
         .then((page) => {
           setTenants(page.data);
+          setTotal(page.count);
           setError(null);
           if (!allowAll && !value && page.data.length) onChange(page.data[0].id);
         })
@@ -116,6 +121,8 @@ export function TenantPicker({ value, onChange, allowAll = false, id = "tenant-p
       ${allowAll && html`<option value="">All tenants</option>`}
       ${tenants.map((t) => html`<option value=${t.id}>${t.name} (#${t.id})</option>`)}
     </select>
+    ${total > tenants.length &&
+    html`<small class="picker-more">first ${tenants.length} of ${total}: type to narrow</small>`}
     <${ErrorMessage} error=${error} />
   </div>`;
 }

@@ -245,3 +245,22 @@ def test_every_page_passes_axe(browser: Browser, server: LiveServer, width: int)
         assert [v["id"] for v in axe_violations(page)] == ["image-alt"]
     finally:
         context.close()
+
+
+def test_the_tenant_picker_says_when_it_shows_only_the_first_matches(
+    page: Page, server: LiveServer
+) -> None:
+    """Last in the module: it leaves many tenants behind."""
+    headers = {"Authorization": f"Bearer {admin_token(server)}"}
+    for i in range(55):
+        r = httpx.post(
+            f"{server.base_url}/admin/v1/tenants", headers=headers, json={"name": f"bulk-{i:02d}"}
+        )
+        assert r.status_code == 201, r.text
+    sign_in(page, server.base_url, admin_token(server))
+    page.goto(f"{server.base_url}/admin/#/keys")
+    more = page.locator(".picker-more")
+    expect(more).to_contain_text(re.compile(r"first 50 of \d+: type to narrow"))
+    page.get_by_label("Find tenant").fill("bulk-07")
+    expect(page.get_by_label("Tenant", exact=True)).to_contain_text("bulk-07")
+    expect(more).to_have_count(0)
