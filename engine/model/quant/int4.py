@@ -114,11 +114,14 @@ class Int4LinearMethod(LinearMethod):
 
     def finish_loading(self, layer: MergedLinear) -> None:
         """One g_idx per layer (all slices alike), or none when it is the trivial one."""
-        slices = self._g_idx_slices
+        slices = {n: self._g_idx_slices[n] for n in layer.slice_names if n in self._g_idx_slices}
         self._g_idx_slices = {}
         if not slices:
             return
-        first_name, g_idx = next(iter(slices.items()))
+        if len(slices) != len(layer.slice_names):
+            missing = [n for n in layer.slice_names if n not in slices]
+            raise QuantizationError(f"g_idx is missing for {missing} but present beside them")
+        first_name, g_idx = next(iter(slices.items()))  # in the layer's slice order
         for name, other in slices.items():
             if not torch.equal(other, g_idx):
                 raise QuantizationError(
