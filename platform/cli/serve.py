@@ -52,6 +52,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
+    if args.quantization:
+        overrides["quantization"] = args.quantization
     if args.demo:
         overrides["model"] = str(ensure_demo_checkpoint())
     return Settings(**overrides)
