@@ -110,6 +110,13 @@ def test_quantized_base_with_mixed_adapters_matches_hf(
     got = [o.outputs[0].token_ids for o in outs]
     for name, e, g in zip(PLAN, expected, got, strict=True):
         assert g == e, f"adapter {name}: {g} != {e}"
+    # The longest prompt again, with its adapter: served from the prefix cache, same tokens.
+    i = max(range(len(PLAN)), key=lambda j: len(prompts[j]))
+    assert len(prompts[i]) >= 16  # at least one full block
+    hits = llm.engine.get_stats().prefix_cache_hit_tokens
+    again = llm.generate([{"prompt_token_ids": prompts[i]}], params, requests[i], use_tqdm=False)
+    assert again[0].outputs[0].token_ids == expected[i]
+    assert llm.engine.get_stats().prefix_cache_hit_tokens > hits
     # The adapters change outputs on the quantized base too.
     plain = hf_greedy(oracle_dir, prompts, MAX_TOKENS, prepare=prepare)
     assert sum(p != e for p, e in zip(plain, expected, strict=True)) >= 2
