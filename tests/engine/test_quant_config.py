@@ -88,6 +88,7 @@ def test_dummy_weights_take_a_4_bit_option_without_config() -> None:
         (None, {**FP8, "weight_block_size": [128, 128]}, "block-wise"),
         (None, {**CT_FP8, "ignore": ["lm_head", "model.layers.0.mlp.down_proj"]}, "ignored"),
         (None, {**CT_FP8, "config_groups": {}}, "exactly one config group"),
+        (None, {**CT_FP8, "kv_cache_scheme": {"num_bits": 8}}, "quantized KV cache"),
         (None, "awq", "must be an object"),
     ],
 )

@@ -96,7 +96,7 @@ class Fp8LinearMethod(LinearMethod):
 
     def _quantize_into(self, rows: slice) -> Loader:
         def load(w: torch.Tensor) -> None:
-            w_fp8, scale = quantize_fp8_per_channel(w)
+            w_fp8, scale = quantize_fp8_per_channel(w.to(self.weight.device))
             self.weight[rows].copy_(w_fp8)
             self.weight_scale[rows].copy_(scale)
 

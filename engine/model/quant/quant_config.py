@@ -191,6 +191,8 @@ def _parse_fp8(raw: dict[str, Any]) -> Fp8Config:
         raise QuantizationError(f"unknown FP8 activation_scheme {scheme!r}")
     if raw.get("ignored_layers"):
         raise QuantizationError("FP8 ignored_layers is not supported")
+    if raw.get("kv_cache_scheme"):
+        raise QuantizationError("a quantized KV cache (kv_cache_scheme) is not supported")
     return Fp8Config(checkpoint_format="fp8", has_input_scale=scheme == "static")
 
 
@@ -201,6 +203,8 @@ def _parse_compressed_tensors(raw: dict[str, Any]) -> Fp8Config:
     fmt = raw.get("format", "float-quantized")
     if fmt not in ("float-quantized", "naive-quantized"):
         raise QuantizationError(f"compressed-tensors format {fmt!r} is not supported")
+    if raw.get("kv_cache_scheme"):
+        raise QuantizationError("compressed-tensors: a quantized KV cache is not supported")
     ignore = [name for name in raw.get("ignore") or [] if name != "lm_head"]
     if ignore:
         raise QuantizationError(f"compressed-tensors: ignored layers {ignore} are not supported")
