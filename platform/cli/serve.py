@@ -48,12 +48,12 @@ def _settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {}
     if args.model:
         overrides["model"] = args.model
+    if args.quantization:
+        overrides["quantization"] = args.quantization
     if args.host:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
-    if args.quantization:
-        overrides["quantization"] = args.quantization
     if args.demo:
         overrides["model"] = str(ensure_demo_checkpoint())
     return Settings(**overrides)
