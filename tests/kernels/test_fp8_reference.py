@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loraplex.engine.model.quant import QuantizationError
 from loraplex.engine.model.quant.fp8 import check_fp8_supported, quantize_fp8_per_channel
 from loraplex.kernels import reference
 from loraplex.kernels.reference.fp8 import FP8_MAX
@@ -38,6 +39,15 @@ def test_scaled_mm_reference_is_the_dequantized_product() -> None:
 
 def test_fp8_support_check_passes_on_cpu() -> None:
     check_fp8_supported(torch.device("cpu"))
+
+
+def test_fp8_on_a_gpu_without_fp8_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(QuantizationError, match=r"compute capability >= 8.9.*A100 is 8.0"):
+        check_fp8_supported(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_fp8_supported(torch.device("cuda"))
 
 
 @pytest.mark.gpu
