@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease, one script: the GPU tests first, then timing. On the device machine, from the repo
-# root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput); results go to
-# $OUT (or bench/results/tmp).
+# root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput; also many,
+# serve, quant, prio); results go to $OUT (or bench/results/tmp).
 #
 # The device has torch, triton, transformers and peft, but not this package and no package
 # index: build the wheel here first (`make wheel`, into the git-ignored .whl/), carry .whl/ along,
@@ -60,11 +60,26 @@ for step in $steps; do
              prometheus-client python-multipart openai redis 'psycopg[binary]' || exit 2
            limit ${SERVE_TIMEOUT:-540} python3 bench/serve_bench.py --shape llama3-8b \
              --json "$OUT/serve.json" ${SERVE_ARGS:-} 2>&1 | grep -v Loading | tee "$OUT/serve.txt";;
+    quant) # bf16 vs FP8 vs AWQ-4bit (random weights at the Llama-3-8B shape, 0 and 8 adapters):
+           # W1 (512 x 512/128) and decode-heavy (64 x 128/512); each run reports weights bytes.
+           # Not timed yet: if the three do not fit one 10-minute command, split by QUANTS=fp8 etc.
+           qfail=0
+           for q in ${QUANTS:-none fp8 awq}; do
+             limit ${QUANT_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
+               --device cuda --quantization "$q" --skip-hf --num-prompts 512 --min-prompt 512 \
+               --max-prompt 512 --output-len 128 --adapters 0,8 --json "$OUT/quant_w1_$q.json" \
+               ${QUANT_ARGS:-} 2>&1 | grep -v Loading | tee "$OUT/quant_w1_$q.txt" || qfail=1
+             limit ${QUANT_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
+               --device cuda --quantization "$q" --skip-hf --num-prompts 64 --min-prompt 128 \
+               --max-prompt 128 --output-len 512 --adapters 0,8 --json "$OUT/quant_decode_$q.json" \
+               ${QUANT_ARGS:-} 2>&1 | grep -v Loading | tee "$OUT/quant_decode_$q.txt" || qfail=1
+           done
+           [ $qfail -eq 0 ];;
     prio) limit 240 python3 bench/priority_latency.py --shape llama3-8b --device cuda \
             --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
             --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
             | tee "$OUT/priority.txt";;
-    *) echo "unknown step $step (env gpu-tests kernels tput many serve prio)" >&2; false;;
+    *) echo "unknown step $step (env gpu-tests kernels tput many serve quant prio)" >&2; false;;
   esac
   rc=$?
   echo "=== $step: exit $rc"

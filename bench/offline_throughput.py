@@ -10,6 +10,11 @@ same workload once per adapter count (requests spread round-robin over random ra
 `--lora-rank` adapters on all 7 projections) and prints each run's ratio to the no-adapter run.
 `--repeats N` times N rounds that interleave the adapter counts and reports each count's median
 (with every round's figure), so one noisy run cannot make or break a ratio.
+
+`--quantization fp8|awq|gptq` runs the engine on a quantized base (with `--shape`: random
+weights in that format, 4-bit with group size 128; with `--model`: the checkpoint's own or
+online FP8) and skips HF. Every run reports the bytes of the model's weights (`weights_bytes`,
+and `linear_weights_bytes` for the decoder's linear layers alone, quantized or not).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 from workload import synthetic_prompts, write_random_adapter, write_shape_checkpoint  # noqa: E402
 
 from loraplex.engine import LLM, LoRARequest, SamplingParams  # noqa: E402
+from loraplex.engine.model.linear import MergedLinear  # noqa: E402
 
 
 def sync(device: str) -> None:
@@ -100,6 +106,19 @@ def run_engine(
     sync(device)
     assert all(len(o.outputs[0].token_ids) == output_len for o in outs)
     return time.perf_counter() - start
+
+
+def weights_bytes(llm: LLM) -> tuple[int, int]:
+    """(all weights, the decoder's linear layers only) in bytes: parameters and buffers."""
+    model = llm.engine.runner.model
+    total = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    linear = sum(
+        t.numel() * t.element_size()
+        for m in model.modules()
+        if isinstance(m, MergedLinear)
+        for t in (*m.parameters(), *m.buffers())
+    )
+    return total, linear
 
 
 def step_breakdown(
@@ -174,6 +193,12 @@ def main() -> None:
         help="timed rounds over all adapter counts, interleaved; medians reported",
     )
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument(
+        "--quantization",
+        choices=["none", "fp8", "awq", "gptq"],
+        default="none",
+        help="quantized base for the engine (HF is skipped)",
+    )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--torch-profile", help="write a torch.profiler table of one run here")
     ap.add_argument("--decode-profile", help="write cProfile tables of the decode steps here")
@@ -203,12 +228,14 @@ def main() -> None:
         "num_prompts": args.num_prompts,
         "prompt_len": [args.min_prompt, args.max_prompt],
         "output_len": args.output_len,
+        "quantization": args.quantization,
         "runs": {},
     }
     if args.device == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
 
-    if not args.skip_hf:
+    quantization = None if args.quantization == "none" else args.quantization
+    if not args.skip_hf and quantization is None:
         hf_s = run_hf(
             model_dir, prompts, args.output_len, args.hf_batch_size, args.device, dtype, dummy
         )
@@ -233,6 +260,14 @@ def main() -> None:
         max_loras=args.max_loras,
         max_lora_rank=max(args.lora_rank, 8),
         max_cpu_loras=max(max(counts), 1),
+        quantization=quantization,
+    )
+    total_bytes, linear_bytes = weights_bytes(llm)
+    results["weights_bytes"], results["linear_weights_bytes"] = total_bytes, linear_bytes
+    print(
+        f"weights ({args.quantization}): {total_bytes / 2**30:.2f} GiB, of which the decoder's "
+        f"linear layers {linear_bytes / 2**30:.2f} GiB",
+        flush=True,
     )
     workloads: dict[int, list[LoRARequest | None]] = {}
     for count in counts:

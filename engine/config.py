@@ -14,6 +14,8 @@ from loraplex.engine.errors import ConfigError
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 Device = Literal["auto", "cpu", "cuda"]
 LoadFormat = Literal["auto", "dummy"]  # auto: the checkpoint's safetensors | dummy: random
+# None: the checkpoint's own quantization_config, if any (docs/quantization.md).
+Quantization = Literal["fp8", "awq", "gptq"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 PreemptionMode = Literal["swap", "recompute"]
 
@@ -38,9 +40,12 @@ class ModelConfig:
     seed: int = 0
     load_format: LoadFormat = "auto"
     enforce_eager: bool = False  # True: no CUDA graphs
+    quantization: Quantization | None = None
 
     def __post_init__(self) -> None:
         _require_choice(self.load_format, LoadFormat, "load_format")
+        if self.quantization is not None:
+            _require_choice(self.quantization, Quantization, "quantization")
         _require_choice(self.dtype, DType, "dtype")
         _require_choice(self.device, Device, "device")
         _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be > 0")

@@ -5,6 +5,7 @@
 
 from loraplex.kernels.dispatch import (
     apply_rotary_pos_emb,
+    fp8_scaled_mm,
     fused_add_rms_norm,
     lora_expand,
     lora_shrink,
@@ -12,12 +13,14 @@ from loraplex.kernels.dispatch import (
     reshape_and_cache,
     rms_norm,
     silu_and_mul,
+    w4a16_gemm,
 )
 from loraplex.kernels.lora_mapping import build_lora_mapping
 
 __all__ = [
     "apply_rotary_pos_emb",
     "build_lora_mapping",
+    "fp8_scaled_mm",
     "fused_add_rms_norm",
     "lora_expand",
     "lora_shrink",
@@ -25,4 +28,5 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "silu_and_mul",
+    "w4a16_gemm",
 ]

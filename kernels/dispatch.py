@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from loraplex.kernels import cpu, reference
+from loraplex.kernels import cpu, cuda, reference
 
 
 @functools.cache
@@ -36,11 +36,18 @@ def _use_triton(t: torch.Tensor) -> bool:
 # The Triton package is imported on the first CUDA call only, so CPU hosts need no Triton.
 
 
-def _dispatch(name: str, cpu_fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
+def _dispatch(
+    name: str,
+    cpu_fn: Callable[..., Any] | None = None,
+    cuda_fn: Callable[..., Any] | None = None,
+) -> Callable[..., Any]:
+    """`cuda_fn`: a CUDA path that is not a Triton kernel (cuBLAS through PyTorch)."""
     reference_fn = getattr(reference, name)
 
     @functools.wraps(reference_fn)
     def call(first: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if cuda_fn is not None and first.is_cuda and not _reference_forced():
+            return cuda_fn(first, *args, **kwargs)
         if _use_triton(first):
             from loraplex.kernels import triton as triton_kernels
 
@@ -60,3 +67,5 @@ rms_norm = _dispatch("rms_norm")
 fused_add_rms_norm = _dispatch("fused_add_rms_norm")
 apply_rotary_pos_emb = _dispatch("apply_rotary_pos_emb")
 silu_and_mul = _dispatch("silu_and_mul")
+w4a16_gemm = _dispatch("w4a16_gemm")
+fp8_scaled_mm = _dispatch("fp8_scaled_mm", cuda_fn=cuda.fp8_scaled_mm)

@@ -72,6 +72,8 @@ class Settings(BaseSettings):
     model: str | None = None  # a Hugging Face checkpoint directory
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    # None: the checkpoint's own quantization_config, if any (docs/quantization.md).
+    quantization: Literal["fp8", "awq", "gptq"] | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_loras: int | None = None  # distinct adapters in one step; None: no cap
@@ -176,6 +178,7 @@ class Settings(BaseSettings):
         kwargs: dict[str, Any] = {
             "device": self.device,
             "dtype": self.dtype,
+            "quantization": self.quantization,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_loras": self.max_loras,

@@ -8,6 +8,7 @@ from torch import nn
 from loraplex.engine.model.forward_context import ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.linear import MergedLinear
+from loraplex.engine.model.quant.quant_config import QuantConfig
 from loraplex.kernels import apply_rotary_pos_emb, paged_attention, reshape_and_cache
 
 
@@ -15,7 +16,12 @@ class Attention(nn.Module):
     """qkv projection, rotary, cache write, paged attention, output projection."""
 
     def __init__(
-        self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype, device: torch.device
+        self,
+        arch: ModelArchConfig,
+        layer_idx: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        quant: QuantConfig | None = None,
     ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -33,6 +39,7 @@ class Attention(nn.Module):
             arch.qkv_bias,
             dtype,
             device,
+            quant,
         )
         self.o_proj = MergedLinear(
             layer_idx,
@@ -42,6 +49,7 @@ class Attention(nn.Module):
             arch.o_proj_bias,
             dtype,
             device,
+            quant,
         )
 
     def forward(

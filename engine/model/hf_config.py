@@ -114,10 +114,15 @@ class ModelArchConfig:
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> ModelArchConfig:
         """Read `model_dir/config.json`."""
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise ModelLoadError(f"{model_dir}: config.json is missing")
-        return _parse(_read_json(path))
+        return _parse(read_config_json(model_dir))
+
+
+def read_config_json(model_dir: str | Path) -> dict[str, Any]:
+    """`model_dir/config.json` as a dict (ModelLoadError if missing or malformed)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{model_dir}: config.json is missing")
+    return _read_json(path)
 
 
 def validate_model_dir(model_dir: str | Path) -> Path:

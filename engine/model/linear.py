@@ -6,6 +6,10 @@ per-projection delta into the right columns of the output.
 
     weight rows:  [ q_proj (q_size) | k_proj (kv_size) | v_proj (kv_size) ]
     y columns:    [ q               | k                | v                ]
+
+How the weight is held and multiplied (dense, FP8, 4-bit) is the layer's `LinearMethod`
+(`quant/`); the bias and the LoRA deltas are the same for all of them: adapters run on the
+layer's unquantized input activations.
 """
 
 from __future__ import annotations
@@ -15,10 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from loraplex.engine.model.forward_context import ForwardContext
+from loraplex.engine.model.quant.linear_method import LinearMethod
+from loraplex.engine.model.quant.method_factory import create_linear_method
+from loraplex.engine.model.quant.quant_config import QuantConfig
 
 
 class MergedLinear(nn.Module):
     """y = x @ W.T (+ b), then the step's LoRA deltas, if any, added in place."""
+
+    weight: torch.Tensor  # dense and FP8: [output_size, input_size] (4-bit: see quant/int4.py)
 
     def __init__(
         self,
@@ -29,6 +38,7 @@ class MergedLinear(nn.Module):
         bias: bool,
         dtype: torch.dtype,
         device: torch.device,
+        quant: QuantConfig | None = None,
     ) -> None:
         super().__init__()
         assert len(slice_names) == len(slice_sizes) > 0
@@ -37,15 +47,17 @@ class MergedLinear(nn.Module):
         self.slice_names = slice_names
         self.slice_sizes = slice_sizes
         self.output_size = sum(slice_sizes)
-        self.weight = nn.Parameter(
-            torch.empty(self.output_size, input_size, dtype=dtype, device=device),
-            requires_grad=False,
-        )  # [output_size, input_size]
+        self.method = create_linear_method(quant)
+        self.method.create_weights(self, dtype, device)
         self.bias: nn.Parameter | None = None
         if bias:
             self.bias = nn.Parameter(
                 torch.empty(self.output_size, dtype=dtype, device=device), requires_grad=False
             )
+
+    @property
+    def has_bias(self) -> bool:
+        return self.bias is not None
 
     def slice_range(self, name: str) -> tuple[int, int]:
         """(first row, number of rows) of the named projection in the fused weight."""
@@ -66,18 +78,24 @@ class MergedLinear(nn.Module):
         same, and the whole LoRA, not only its shrink, may run beside the GEMM.
         """
         if ctx.lora is None:
-            return F.linear(x, self.weight, self.bias)
+            return self._linear(x)
         # The shrink only reads x, so it may run beside the base GEMM (on a side stream).
         shrunk = ctx.lora.begin(
             self.layer_idx, self.slice_names, self.slice_sizes, x, delta_into=residual
         )
-        y = F.linear(x, self.weight, self.bias)
+        y = self._linear(x)
         ctx.lora.finish(shrunk, y)
         return y
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        if type(self.method) is LinearMethod:  # dense: one fused GEMM + bias
+            return F.linear(x, self.weight, self.bias)
+        y = self.method.apply(x)
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return (
             f"layer={self.layer_idx}, in={self.input_size}, "
             f"slices={dict(zip(self.slice_names, self.slice_sizes, strict=True))}, "
-            f"bias={self.bias is not None}"
+            f"bias={self.bias is not None}, method={type(self.method).__name__}"
         )

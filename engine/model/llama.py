@@ -15,12 +15,18 @@ from loraplex.engine.model.forward_context import ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.layers import RMSNorm, SiluAndMul
 from loraplex.engine.model.linear import MergedLinear
+from loraplex.engine.model.quant.quant_config import QuantConfig
 from loraplex.engine.model.rotary import RotaryEmbedding
 
 
 class MLP(nn.Module):
     def __init__(
-        self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype, device: torch.device
+        self,
+        arch: ModelArchConfig,
+        layer_idx: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        quant: QuantConfig | None = None,
     ) -> None:
         super().__init__()
         inter = arch.intermediate_size
@@ -32,9 +38,17 @@ class MLP(nn.Module):
             arch.mlp_bias,
             dtype,
             device,
+            quant,
         )
         self.down_proj = MergedLinear(
-            layer_idx, inter, ("down_proj",), (arch.hidden_size,), arch.mlp_bias, dtype, device
+            layer_idx,
+            inter,
+            ("down_proj",),
+            (arch.hidden_size,),
+            arch.mlp_bias,
+            dtype,
+            device,
+            quant,
         )
         self.act_fn = SiluAndMul()
 
@@ -45,14 +59,19 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, arch: ModelArchConfig, layer_idx: int, dtype: torch.dtype, device: torch.device
+        self,
+        arch: ModelArchConfig,
+        layer_idx: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        quant: QuantConfig | None = None,
     ) -> None:
         super().__init__()
         eps = arch.rms_norm_eps
         self.input_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
-        self.self_attn = Attention(arch, layer_idx, dtype, device)
+        self.self_attn = Attention(arch, layer_idx, dtype, device, quant)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
-        self.mlp = MLP(arch, layer_idx, dtype, device)
+        self.mlp = MLP(arch, layer_idx, dtype, device, quant)
 
     def forward(
         self,
@@ -77,14 +96,20 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        quant: QuantConfig | None = None,
+    ) -> None:
         super().__init__()
         weight = torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
         self.embed_tokens = nn.Embedding(
             arch.vocab_size, arch.hidden_size, _weight=weight, _freeze=True
         )  # [vocab_size, hidden_size]
         self.layers = nn.ModuleList(
-            DecoderLayer(arch, i, dtype, device) for i in range(arch.num_hidden_layers)
+            DecoderLayer(arch, i, dtype, device, quant) for i in range(arch.num_hidden_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.rotary_emb = RotaryEmbedding(arch.rope, arch.head_dim, device)
@@ -107,17 +132,24 @@ class LlamaForCausalLM(nn.Module):
     """The decoder plus the LM head; serves Llama, Mistral and Qwen2 checkpoints.
 
     Parameters are created uninitialized on `device` in `dtype`; fill them with
-    `weight_loader.load_weights` (or use `weight_loader.load_model`).
+    `weight_loader.load_weights` (or use `weight_loader.load_model`). With `quant`, the decoder's
+    linear layers hold FP8 or 4-bit weights (`quant/`); embeddings, norms and the LM head stay
+    in `dtype`.
     """
 
     def __init__(
-        self, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str
+        self,
+        arch: ModelArchConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        quant: QuantConfig | None = None,
     ) -> None:
         super().__init__()
         device = torch.device(device)
         self.arch = arch
         self.dtype = dtype
-        self.model = LlamaModel(arch, dtype, device)
+        self.quant = quant
+        self.model = LlamaModel(arch, dtype, device, quant)
         self.lm_head: nn.Parameter | None = None
         if not arch.tie_word_embeddings:
             self.lm_head = nn.Parameter(

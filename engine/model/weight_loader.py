@@ -6,8 +6,9 @@ fused projections by row range:
     model.layers.3.self_attn.k_proj.weight  ->  model.layers.3.self_attn.qkv_proj.weight[q:q+kv]
     model.layers.3.mlp.up_proj.weight       ->  model.layers.3.mlp.gate_up_proj.weight[i:2i]
 
-Every name and shape is checked before any data is copied, so a bad checkpoint fails fast with
-the offending tensor named.
+Every name, shape (and, for quantized tensors, dtype) is checked before any data is copied, so
+a bad checkpoint fails fast with the offending tensor named. Quantized layers say themselves
+which tensors fill them and how (`quant/`: AWQ / GPTQ packed tensors, FP8 weights and scales).
 """
 
 from __future__ import annotations
@@ -19,10 +20,17 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-from loraplex.engine.model.hf_config import ModelArchConfig, ModelLoadError, validate_model_dir
+from loraplex.engine.model.hf_config import (
+    ModelArchConfig,
+    ModelLoadError,
+    read_config_json,
+    validate_model_dir,
+)
 from loraplex.engine.model.layers import RMSNorm
 from loraplex.engine.model.linear import MergedLinear
 from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.engine.model.quant.linear_method import WeightTarget
+from loraplex.engine.model.quant.quant_config import QuantizationError, resolve_quant_config
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -77,23 +85,26 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-def checkpoint_targets(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
-    """Checkpoint tensor name -> the parameter (or row range of a fused one) it fills."""
-    targets: dict[str, torch.Tensor] = {
+def checkpoint_targets(model: LlamaForCausalLM) -> dict[str, WeightTarget]:
+    """Checkpoint tensor name -> what it must look like and what it fills (a parameter, a row
+    range of a fused one, or a quantized layer's conversion)."""
+    tensors: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": model.model.embed_tokens.weight
     }
     if model.lm_head is not None:
-        targets["lm_head.weight"] = model.lm_head
+        tensors["lm_head.weight"] = model.lm_head
+    targets: dict[str, WeightTarget] = {}
     for name, module in model.named_modules():
         if isinstance(module, RMSNorm):
-            targets[f"{name}.weight"] = module.weight
+            tensors[f"{name}.weight"] = module.weight
         elif isinstance(module, MergedLinear):
             parent = name.rsplit(".", 1)[0]
+            targets.update(module.method.checkpoint_targets(module, parent))
             for slice_name in module.slice_names:
                 start, size = module.slice_range(slice_name)
-                targets[f"{parent}.{slice_name}.weight"] = module.weight[start : start + size]
                 if module.bias is not None:
-                    targets[f"{parent}.{slice_name}.bias"] = module.bias[start : start + size]
+                    tensors[f"{parent}.{slice_name}.bias"] = module.bias[start : start + size]
+    targets.update((name, WeightTarget.of_tensor(t)) for name, t in tensors.items())
     return targets
 
 
@@ -109,7 +120,7 @@ def _short_list(names: list[str]) -> str:
 
 
 def _check_checkpoint(
-    files: list[Path], targets: dict[str, torch.Tensor], arch: ModelArchConfig
+    files: list[Path], targets: dict[str, WeightTarget], arch: ModelArchConfig
 ) -> None:
     seen: set[str] = set()
     unexpected: list[str] = []
@@ -122,16 +133,23 @@ def _check_checkpoint(
                 if target is None:
                     unexpected.append(name)
                     continue
-                shape = tuple(f.get_slice(name).get_shape())
-                if shape != tuple(target.shape):
+                tensor = f.get_slice(name)
+                shape = tuple(tensor.get_shape())
+                if shape not in target.shapes:
+                    implied = " or ".join(str(list(s)) for s in target.shapes)
                     raise ModelLoadError(
                         f"{path.name}: tensor {name!r} has shape {list(shape)}, "
-                        f"the config implies {list(target.shape)}"
+                        f"the config implies {implied}"
+                    )
+                if target.dtypes is not None and tensor.get_dtype() not in target.dtypes:
+                    raise QuantizationError(
+                        f"{path.name}: tensor {name!r} is {tensor.get_dtype()}, expected "
+                        f"{' or '.join(target.dtypes)}"
                     )
                 seen.add(name)
     if unexpected:
         raise ModelLoadError(f"checkpoint has unexpected tensors: {_short_list(unexpected)}")
-    missing = [name for name in targets if name not in seen]
+    missing = [name for name, t in targets.items() if name not in seen and not t.optional]
     if missing:
         raise ModelLoadError(f"checkpoint is missing tensors: {_short_list(missing)}")
 
@@ -146,16 +164,24 @@ def load_weights(model: LlamaForCausalLM, model_dir: str | Path) -> None:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118
                 if not _is_ignored(name, model.arch):
-                    targets[name].copy_(f.get_tensor(name))
+                    targets[name].load(f.get_tensor(name))
+    for module in model.modules():
+        if isinstance(module, MergedLinear):
+            module.method.finish_loading(module)
 
 
 def load_model(
-    model_dir: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto"
+    model_dir: str | Path,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "auto",
+    quantization: str | None = None,
 ) -> tuple[LlamaForCausalLM, ModelArchConfig]:
-    """Build the model for a checkpoint directory and load its weights; eval mode."""
+    """Build the model for a checkpoint directory and load its weights; eval mode.
+    `quantization`: "fp8" | "awq" | "gptq" | None (the checkpoint's quantization_config)."""
     root = validate_model_dir(model_dir)
     arch = ModelArchConfig.from_model_dir(root)
+    quant = resolve_quant_config(quantization, read_config_json(root))
     torch_device = resolve_device(device)
-    model = LlamaForCausalLM(arch, resolve_dtype(dtype, arch, torch_device), torch_device)
+    model = LlamaForCausalLM(arch, resolve_dtype(dtype, arch, torch_device), torch_device, quant)
     load_weights(model, root)
     return model.eval(), arch

@@ -42,11 +42,13 @@ class ModelRunner:
         torch.manual_seed(config.model.seed)
         if config.model.load_format == "dummy":
             self.model, self.arch = create_dummy_model(
-                config.model.model, config.model.dtype, self.device
+                config.model.model, config.model.dtype, self.device, config.model.quantization
             )
         else:
-            self.model, self.arch = load_model(config.model.model, config.model.dtype, self.device)
-        self.dtype = next(self.model.parameters()).dtype
+            self.model, self.arch = load_model(
+                config.model.model, config.model.dtype, self.device, config.model.quantization
+            )
+        self.dtype = self.model.dtype  # activations and KV cache (weights may be quantized)
         self.block_size = config.cache.block_size
         # The KV cache (see initialize_kv_cache) and its CPU twin for swapped-out requests.
         self.kv_cache = torch.empty(0)

@@ -1,5 +1,6 @@
 """Plain-PyTorch references: the executable spec of every kernel (and the CPU path)."""
 
+from loraplex.kernels.reference.fp8 import fp8_scaled_mm, quantize_fp8_per_token
 from loraplex.kernels.reference.fused_ops import (
     apply_rotary_pos_emb,
     fused_add_rms_norm,
@@ -8,14 +9,19 @@ from loraplex.kernels.reference.fused_ops import (
 )
 from loraplex.kernels.reference.lora import lora_expand, lora_shrink
 from loraplex.kernels.reference.paged_attention import paged_attention, reshape_and_cache
+from loraplex.kernels.reference.w4a16 import dequantize_w4, w4a16_gemm
 
 __all__ = [
     "apply_rotary_pos_emb",
+    "dequantize_w4",
+    "fp8_scaled_mm",
     "fused_add_rms_norm",
     "lora_expand",
     "lora_shrink",
     "paged_attention",
+    "quantize_fp8_per_token",
     "reshape_and_cache",
     "rms_norm",
     "silu_and_mul",
+    "w4a16_gemm",
 ]

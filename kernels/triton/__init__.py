@@ -7,6 +7,7 @@ from loraplex.kernels.triton.reshape_and_cache import reshape_and_cache
 from loraplex.kernels.triton.rms_norm import fused_add_rms_norm, rms_norm
 from loraplex.kernels.triton.rotary import apply_rotary_pos_emb
 from loraplex.kernels.triton.silu_and_mul import silu_and_mul
+from loraplex.kernels.triton.w4a16 import w4a16_gemm
 
 __all__ = [
     "apply_rotary_pos_emb",
@@ -17,4 +18,5 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "silu_and_mul",
+    "w4a16_gemm",
 ]

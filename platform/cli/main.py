@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", help="address to listen on (default: LORAPLEX_HOST, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default: LORAPLEX_PORT, 8000)")
+    p.add_argument(
+        "--quantization",
+        choices=("fp8", "awq", "gptq"),
+        help="quantized base: fp8 (online or an FP8 checkpoint), awq, gptq (default: "
+        "LORAPLEX_QUANTIZATION, else the checkpoint's quantization_config)",
+    )
     p.set_defaults(handler="serve.serve")
 
     p = sub.add_parser("db", help="database migrations", description="Database migrations.")

@@ -48,6 +48,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {}
     if args.model:
         overrides["model"] = args.model
+    if args.quantization:
+        overrides["quantization"] = args.quantization
     if args.host:
         overrides["host"] = args.host
     if args.port is not None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
 
 def hf_greedy(
@@ -13,9 +15,11 @@ def hf_greedy(
     max_tokens: int,
     adapters: list[str | None] | None = None,
     adapter_dirs: dict[str, Path] | None = None,
+    prepare: Callable[[nn.Module], None] | None = None,
 ) -> list[list[int]]:
-    """Greedy token ids per prompt, one prompt at a time (no padding effects), on the CPU."""
-    return hf_greedy_on("cpu", model_dir, prompts, max_tokens, adapters, adapter_dirs)
+    """Greedy token ids per prompt, one prompt at a time (no padding effects), on the CPU.
+    `prepare` changes the HF model before adapters wrap it (e.g. FP8 activation hooks)."""
+    return hf_greedy_on("cpu", model_dir, prompts, max_tokens, adapters, adapter_dirs, prepare)
 
 
 def hf_greedy_on(
@@ -25,10 +29,13 @@ def hf_greedy_on(
     max_tokens: int,
     adapters: list[str | None] | None = None,
     adapter_dirs: dict[str, Path] | None = None,
+    prepare: Callable[[nn.Module], None] | None = None,
 ) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    if prepare is not None:
+        prepare(model)
     if adapter_dirs:
         from peft import PeftModel
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from loraplex.platform.cli.main import _parser
+from loraplex.platform.cli.serve import _settings
 from loraplex.platform.settings import Settings
 
 
@@ -55,3 +57,19 @@ def test_log_level_is_one_of_logging_levels(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("LORAPLEX_LOG_LEVEL", "verbose")
     with pytest.raises(ValidationError, match="log_level"):
         Settings()
+
+
+def test_quantization_reaches_the_engine_from_env_and_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LORAPLEX_QUANTIZATION", raising=False)
+    assert Settings(data_dir=tmp_path).engine_kwargs()["quantization"] is None
+    monkeypatch.setenv("LORAPLEX_QUANTIZATION", "awq")
+    assert Settings(data_dir=tmp_path).engine_kwargs()["quantization"] == "awq"
+    args = _parser().parse_args(["serve", "--model", str(tmp_path), "--quantization", "fp8"])
+    assert _settings(args).engine_kwargs()["quantization"] == "fp8"
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "--quantization", "int8"])
+    monkeypatch.setenv("LORAPLEX_QUANTIZATION", "int8")
+    with pytest.raises(ValidationError):
+        Settings(data_dir=tmp_path)

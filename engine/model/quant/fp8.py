@@ -1,0 +1,121 @@
+"""FP8 W8A8 linear layers: float8_e4m3fn weights with one float32 scale per output channel,
+activations quantized per token at every call (dynamic), the GEMM through
+`kernels.fp8_scaled_mm` (`torch._scaled_mm` on CUDA, the float32 reference on CPU).
+
+Weights come from (see quant_config.py):
+- a 16/32-bit checkpoint, quantized at load row by row: scale[n] = max_k |W[n, k]| / 448;
+- vLLM's "fp8" layout: `weight` float8_e4m3fn [N, K] and `weight_scale` per tensor ([] or [1]),
+  optional `input_scale`;
+- compressed-tensors' float-quantized layout: `weight` and `weight_scale` per tensor ([1]) or
+  per channel ([N, 1]), optional `input_scale`.
+Per-tensor scales become per-row scales (each slice of a fused projection keeps its own), so
+every layout runs the same GEMM. Static `input_scale`s are read and not used: activations are
+always scaled per token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from loraplex.engine.model.quant.linear_method import (
+    DUMMY_STD,
+    LinearMethod,
+    Loader,
+    WeightTarget,
+    register,
+)
+from loraplex.engine.model.quant.quant_config import Fp8Config, QuantizationError
+from loraplex.kernels import fp8_scaled_mm
+from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, quantize_fp8_per_token
+
+if TYPE_CHECKING:
+    from loraplex.engine.model.linear import MergedLinear
+
+FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: FP8 tensor cores
+_FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+
+def check_fp8_supported(device: torch.device) -> None:
+    """Raise QuantizationError on a CUDA GPU without FP8 tensor cores."""
+    if device.type != "cuda":
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FP8_MIN_CAPABILITY:
+        raise QuantizationError(
+            f"quantization='fp8' needs a GPU of compute capability >= 8.9 (Ada, Hopper); "
+            f"{torch.cuda.get_device_name(device)} is {capability[0]}.{capability[1]}"
+        )
+
+
+def quantize_fp8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (w_fp8 [N, K] float8_e4m3fn, scale [N] float32), one scale per row."""
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=MIN_SCALE)  # [N]
+    w_fp8 = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return w_fp8, scale
+
+
+def _ignore(_: torch.Tensor) -> None:
+    """Static activation scales: activations are scaled per token instead."""
+
+
+class Fp8LinearMethod(LinearMethod):
+    def __init__(self, quant: Fp8Config) -> None:
+        self.quant = quant
+
+    def create_weights(self, layer: MergedLinear, dtype: torch.dtype, device: torch.device) -> None:
+        check_fp8_supported(device)
+        n, k = layer.output_size, layer.input_size
+        self.weight = register(layer, "weight", (n, k), FP8_DTYPE, device)  # [N, K]
+        self.weight_scale = register(layer, "weight_scale", (n,), torch.float32, device)  # [N]
+
+    def checkpoint_targets(self, layer: MergedLinear, prefix: str) -> dict[str, WeightTarget]:
+        targets = {}
+        for name in layer.slice_names:
+            start, size = layer.slice_range(name)
+            rows = slice(start, start + size)
+            base = f"{prefix}.{name}"
+            weight_shapes = ((size, layer.input_size),)
+            if self.quant.checkpoint_format == "online":
+                load = self._quantize_into(rows)
+                targets[f"{base}.weight"] = WeightTarget(weight_shapes, load, _FLOAT_DTYPES)
+                continue
+            targets[f"{base}.weight"] = WeightTarget(
+                weight_shapes, self.weight[rows].copy_, ("F8_E4M3",)
+            )
+            per_channel = ((size,), (size, 1)) if self.quant.weight_scale_per_channel else ()
+            targets[f"{base}.weight_scale"] = WeightTarget(
+                ((), (1,), *per_channel), self._scale_into(rows), _FLOAT_DTYPES
+            )
+            targets[f"{base}.input_scale"] = WeightTarget(
+                ((), (1,)), _ignore, _FLOAT_DTYPES, optional=True
+            )
+        return targets
+
+    def _quantize_into(self, rows: slice) -> Loader:
+        def load(w: torch.Tensor) -> None:
+            w_fp8, scale = quantize_fp8_per_channel(w.to(self.weight.device))
+            self.weight[rows].copy_(w_fp8)
+            self.weight_scale[rows].copy_(scale)
+
+        return load
+
+    def _scale_into(self, rows: slice) -> Loader:
+        def load(scale: torch.Tensor) -> None:
+            # One per tensor broadcasts over the slice's rows; one per channel fills them.
+            self.weight_scale[rows].copy_(scale.float().reshape(-1))
+
+        return load
+
+    @torch.no_grad()
+    def fill_dummy(self, generator: torch.Generator) -> None:
+        w = torch.empty(self.weight.shape, device=self.weight.device)
+        w_fp8, scale = quantize_fp8_per_channel(w.normal_(0.0, DUMMY_STD, generator=generator))
+        self.weight.copy_(w_fp8)
+        self.weight_scale.copy_(scale)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        x_fp8, x_scale = quantize_fp8_per_token(x)  # [T, K] fp8, [T, 1] float32
+        return fp8_scaled_mm(x_fp8, x_scale, self.weight, self.weight_scale, x.dtype)

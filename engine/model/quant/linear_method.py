@@ -1,0 +1,81 @@
+"""How a `MergedLinear` holds and multiplies its weight: dense, FP8 or 4-bit (vLLM's
+`LinearMethodBase` pattern). One method object per layer: it creates the layer's weight
+parameters (registered on the layer, so `qkv_proj.weight`, `qkv_proj.qweight`, ... are the
+layer's own), says which checkpoint tensors fill them (`WeightTarget`), finishes them after
+loading, and computes y = x @ W.T without the bias (the layer adds it, then the LoRA deltas).
+Parameters are filled in place, never replaced: the method keeps references to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:  # the layer imports this module; the method only reads the layer's sizes
+    from loraplex.engine.model.linear import MergedLinear
+
+DUMMY_STD = 0.02  # load_format="dummy": weights ~ N(0, DUMMY_STD), as dummy_weights.py
+Loader = Callable[[torch.Tensor], object]
+
+
+@dataclass(frozen=True)
+class WeightTarget:
+    """What one checkpoint tensor may look like and where it goes.
+
+    `shapes`: the accepted shapes; `dtypes`: the accepted safetensors dtypes ("F16", "I32",
+    "F8_E4M3", ...; None: any, converted on copy); `optional`: may be absent.
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    load: Loader
+    dtypes: tuple[str, ...] | None = None
+    optional: bool = False
+
+    @classmethod
+    def of_tensor(cls, target: torch.Tensor) -> WeightTarget:
+        """A tensor (or a view of one) filled by copying, dtype converted."""
+        return cls(shapes=(tuple(target.shape),), load=target.copy_)
+
+
+def register(
+    layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> nn.Parameter:
+    """A new uninitialized frozen parameter `name` of `layer`."""
+    param = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+    layer.register_parameter(name, param)
+    return param
+
+
+class LinearMethod:
+    """Dense weights: `weight` [output_size, input_size] in the model's dtype."""
+
+    def create_weights(self, layer: MergedLinear, dtype: torch.dtype, device: torch.device) -> None:
+        self.weight = register(
+            layer, "weight", (layer.output_size, layer.input_size), dtype, device
+        )
+
+    def checkpoint_targets(self, layer: MergedLinear, prefix: str) -> dict[str, WeightTarget]:
+        """Checkpoint name -> target, for the layer's slices under `prefix` (e.g.
+        "model.layers.0.self_attn"); the bias is the layer's own."""
+        targets = {}
+        for name in layer.slice_names:
+            start, size = layer.slice_range(name)
+            view = self.weight[start : start + size]
+            targets[f"{prefix}.{name}.weight"] = WeightTarget.of_tensor(view)
+        return targets
+
+    def finish_loading(self, layer: MergedLinear) -> None:
+        """Called once every tensor of the checkpoint is loaded."""
+
+    @torch.no_grad()
+    def fill_dummy(self, generator: torch.Generator) -> None:
+        self.weight.normal_(0.0, DUMMY_STD, generator=generator)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, input_size] -> [T, output_size], no bias."""
+        return F.linear(x, self.weight)

@@ -1,0 +1,41 @@
+"""Reference FP8 W8A8: per-token activation quantization and the scaled GEMM, the spec of the
+CUDA path (`kernels/cuda/fp8_scaled_mm.py`, `torch._scaled_mm`).
+
+    x_scale[m] = max_k |x[m, k]| / 448          (448: the largest float8_e4m3fn)
+    x_fp8[m, k] = fp8(clamp(x[m, k] / x_scale[m], -448, 448))
+    y[m, n] = sum_k (x_fp8[m, k] * x_scale[m]) * (w_fp8[n, k] * w_scale[n])
+
+The reference dequantizes both operands to float32 and multiplies in float32 (the CPU path);
+cuBLAS multiplies the fp8 values and applies the scales to the float32 accumulator: the same
+sums up to rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+MIN_SCALE = 1e-12 / FP8_MAX  # an all-zero row gets this scale (its values stay 0)
+
+
+def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x_fp8 [M, K] float8_e4m3fn, x_scale [M, 1] float32)."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float()  # [M, 1]
+    scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
+    x_fp8 = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return x_fp8, scale
+
+
+def fp8_scaled_mm(
+    x_fp8: torch.Tensor,  # [M, K] float8_e4m3fn
+    x_scale: torch.Tensor,  # [M, 1] float32
+    w_fp8: torch.Tensor,  # [N, K] float8_e4m3fn
+    w_scale: torch.Tensor,  # [N] float32
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """-> y [M, N] in out_dtype."""
+    a = x_fp8.float() * x_scale
+    b = w_fp8.float() * w_scale[:, None]
+    return F.linear(a, b).to(out_dtype)

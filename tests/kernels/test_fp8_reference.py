@@ -1,0 +1,68 @@
+"""FP8 W8A8: the per-token activation quantization and the scaled GEMM's reference (the CPU
+path), and, on a GPU with FP8, `torch._scaled_mm` against it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loraplex.engine.model.quant import QuantizationError
+from loraplex.engine.model.quant.fp8 import check_fp8_supported, quantize_fp8_per_channel
+from loraplex.kernels import reference
+from loraplex.kernels.reference.fp8 import FP8_MAX
+
+
+def test_per_token_quantization_scales_each_row_to_the_fp8_range() -> None:
+    x = torch.randn(5, 64) * torch.tensor([0.01, 1.0, 30.0, 1e3, 0.0])[:, None]
+    x_fp8, scale = reference.quantize_fp8_per_token(x)
+    assert x_fp8.dtype == torch.float8_e4m3fn and scale.shape == (5, 1)
+    assert torch.equal(scale[:4, 0], x[:4].abs().amax(1) / FP8_MAX)
+    assert x_fp8[:4].float().abs().amax(1).eq(FP8_MAX).all()  # each row's max hits 448
+    assert x_fp8[4].float().eq(0).all()  # an all-zero row stays zero
+    # e4m3 keeps 3 mantissa bits: a relative error of at most 2^-4 per element.
+    back = x_fp8.float() * scale
+    assert ((back - x).abs() <= x.abs() / 16 + scale * 2**-9).all()
+
+
+def test_scaled_mm_reference_is_the_dequantized_product() -> None:
+    x, w = torch.randn(7, 32, dtype=torch.bfloat16), torch.randn(24, 32)
+    x_fp8, x_scale = reference.quantize_fp8_per_token(x)
+    w_fp8, w_scale = quantize_fp8_per_channel(w)
+    y = reference.fp8_scaled_mm(x_fp8, x_scale, w_fp8, w_scale, torch.bfloat16)
+    expected = (x_fp8.float() * x_scale) @ (w_fp8.float() * w_scale[:, None]).t()
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y, expected.bfloat16())
+    # Close to the unquantized product: FP8 W8A8 is a few percent off.
+    rel = (y.float() - x.float() @ w.t()).norm() / (x.float() @ w.t()).norm()
+    assert rel < 0.08
+
+
+def test_fp8_support_check_passes_on_cpu() -> None:
+    check_fp8_supported(torch.device("cpu"))
+
+
+def test_fp8_on_a_gpu_without_fp8_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(QuantizationError, match=r"compute capability >= 8.9.*A100 is 8.0"):
+        check_fp8_supported(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_fp8_supported(torch.device("cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 37, 512])
+def test_scaled_mm_on_cuda_matches_the_reference(m: int) -> None:
+    device = torch.device("cuda")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no FP8 tensor cores")
+    from loraplex.kernels.cuda import fp8_scaled_mm
+
+    x = torch.randn(m, 4096, device=device, dtype=torch.bfloat16)
+    w = torch.randn(1024, 4096, device=device) * 0.02
+    x_fp8, x_scale = reference.quantize_fp8_per_token(x)
+    w_fp8, w_scale = quantize_fp8_per_channel(w)
+    got = fp8_scaled_mm(x_fp8, x_scale, w_fp8, w_scale, torch.bfloat16)
+    expected = reference.fp8_scaled_mm(x_fp8, x_scale, w_fp8, w_scale, torch.bfloat16)
+    # Same products, summed in another order and rounded once to bf16.
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
