@@ -37,3 +37,7 @@ class InvalidAdapterError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped; no request can be served."""
+
+
+class WorkerDiedError(EngineDeadError):
+    """A tensor-parallel worker process died or its collectives failed; the engine stopped."""

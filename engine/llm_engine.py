@@ -9,8 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.distributed.tp_runner import TensorParallelRunner
 from loraplex.engine.engine_args import create_engine_config
 from loraplex.engine.errors import (
+    EngineDeadError,
     InvalidAdapterError,
     InvalidParameterError,
     RequestTooLongError,
@@ -44,7 +46,13 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer = Tokenizer.from_model_dir(config.model.model)
-        self.runner = ModelRunner(config)
+        self.runner = (
+            ModelRunner(config)
+            if config.parallel.tensor_parallel_size == 1
+            else TensorParallelRunner(config)
+        )
+        # Set when the engine stopped for good (a tensor-parallel worker died): no more steps.
+        self.dead: EngineDeadError | None = None
         arch, block_size = self.runner.arch, config.cache.block_size
         max_model_len = config.model.max_model_len or arch.max_position_embeddings
         max_model_len = min(max_model_len, arch.max_position_embeddings)
@@ -119,6 +127,7 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> None:
         """Queue one user request (n completions). Raises InvalidParameterError if it can't run."""
+        self._check_alive()
         if self.output_processor.has(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_text, prompt_token_ids = self.tokenize_prompt(prompt)
@@ -195,6 +204,7 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        self._check_alive()
         failed_loads: list[RequestOutput] = []
         if self.lora_manager is not None:
             failures = self.lora_manager.poll(self.scheduler.waiting, len(self.scheduler.running))
@@ -208,6 +218,8 @@ class LLMEngine:
             if self.lora_manager is not None:
                 lora = self.lora_manager.prepare(scheduler_output.scheduled)
             runner_output = self.runner.execute(scheduler_output, lora)
+        except EngineDeadError as exc:
+            return failed_loads + self._stop(exc)
         except Exception:
             # One failed step (e.g. out of memory) fails the requests in it, not the engine.
             logger.exception(
@@ -223,6 +235,27 @@ class LLMEngine:
         self._throughput.add(len(runner_output.sampled_token_ids))
         self.num_steps += 1
         return failed_loads + outputs
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine stopped: {self.dead}") from self.dead
+
+    def _stop(self, error: EngineDeadError) -> list[RequestOutput]:
+        """The model can no longer run (a tensor-parallel worker died): fail every request in
+        flight with `error`, stop the runner's workers, refuse any further work."""
+        logger.error("engine stopped: %s", error)
+        requests = list(self.scheduler.requests.values())
+        for request in requests:
+            request.error = error
+        ids = [request.request_id for request in requests]
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+        self.dead = error
+        self.runner.shutdown()
+        return self.output_processor.finish(ids, "error")
+
+    def shutdown(self) -> None:
+        """Release the runner's resources (tensor parallelism: stop the worker processes)."""
+        self.runner.shutdown()
 
     def _fail_adapter_requests(self, failures: dict[str, str]) -> list[RequestOutput]:
         """End the waiting requests whose adapter failed to load, or that could never fit the
