@@ -15,11 +15,14 @@ ranks; rank r's query heads are exactly those that attend to KV head r // (N / n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from loraplex.engine.errors import ConfigError
-from loraplex.engine.model.hf_config import ModelArchConfig
+
+if TYPE_CHECKING:  # the model's layers import this module; only its sizes are read here
+    from loraplex.engine.model.hf_config import ModelArchConfig
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,14 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.distributed import worker as w
 from loraplex.engine.distributed.sharding import validate_tensor_parallel
 from loraplex.engine.distributed.tp_group import TensorParallel, destroy_tp_group
-from loraplex.engine.errors import WorkerDiedError
+from loraplex.engine.errors import ConfigError, WorkerDiedError
 from loraplex.engine.lora.lora_batch import LoRABatch
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.runner.input_batch import prepare_inputs
@@ -76,6 +77,11 @@ class _Worker:
 class TensorParallelRunner(ModelRunner):
     def __init__(self, config: EngineConfig) -> None:
         world_size = config.parallel.tensor_parallel_size
+        if dist.is_initialized():  # the group is torch.distributed's default one
+            raise ConfigError(
+                "one tensor-parallel engine per process at a time: shut the other one down "
+                "first (LLM.shutdown / LLMEngine.shutdown)"
+            )
         # Checked here, before any process starts: a worker failing it would leave rank 0
         # waiting for the group.
         validate_tensor_parallel(ModelArchConfig.from_model_dir(config.model.model), world_size)
