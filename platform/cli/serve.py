@@ -54,6 +54,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["port"] = args.port
     if args.quantization:
         overrides["quantization"] = args.quantization
+    if args.tensor_parallel_size is not None:
+        overrides["tensor_parallel_size"] = args.tensor_parallel_size
     if args.demo:
         overrides["model"] = str(ensure_demo_checkpoint())
     return Settings(**overrides)
