@@ -90,6 +90,8 @@ def create_tensor_parallel(config: EngineConfig, rank: int, init_method: str) ->
     device = resolve_device(config.model.device)
     if device.type == "cuda":
         device = torch.device("cuda", rank)
+    else:  # the ranks share the host's cores: oversubscribed, every GEMM is many times slower
+        torch.set_num_threads(max(1, torch.get_num_threads() // world_size))
     group = init_tp_group(rank, world_size, init_method, device)
     return TensorParallel(group, layout)
 
