@@ -78,8 +78,13 @@ def test_tp2_serves_a_second_batch_and_the_offline_api(model: tuple[str, Path, L
     prompts = make_prompts()[:3]
     expected = hf_greedy(checkpoint, prompts, MAX_TOKENS)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    outputs = llm.generate(requests, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
+    hits = llm.engine.get_stats().prefix_cache_hit_tokens
+    outputs = llm.generate(requests, params, use_tqdm=False)  # the same prompts again
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert llm.engine.get_stats().prefix_cache_hit_tokens > hits
 
 
 def test_each_rank_holds_only_its_shard(model: tuple[str, Path, LLM]) -> None:
