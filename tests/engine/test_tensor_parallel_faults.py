@@ -4,10 +4,12 @@ test_tensor_parallel.py: one tensor-parallel engine per process at a time."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch.distributed as dist
 
-from loraplex.engine import SamplingParams, WorkerDiedError
+from loraplex.engine import AsyncEngine, SamplingParams, WorkerDiedError
 from loraplex.engine.distributed.tp_runner import TensorParallelRunner
 from loraplex.engine.errors import ConfigError, EngineDeadError
 from tests.checkpoints import CheckpointFactory
@@ -74,4 +76,38 @@ def test_a_second_tensor_parallel_engine_in_one_process_is_refused(
             make_llm(checkpoint, TP)
     finally:
         llm.shutdown()
+    assert not dist.is_initialized()
+
+
+# The core's thread ends on the error, as designed (EngineCore.run re-raises it).
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+async def test_the_async_engine_fails_its_streams_and_refuses_new_ones(
+    checkpoint_factory: CheckpointFactory,
+) -> None:
+    """The server's path: the engine core sends the requests' errors, then ends its loop."""
+    arch, kwargs = MODELS["llama-mqa"]
+    engine = AsyncEngine.from_engine_args(
+        str(checkpoint_factory(arch, **kwargs)),
+        device="cpu",
+        dtype="float32",
+        enable_lora=False,
+        tensor_parallel_size=TP,
+    )
+    await engine.start()
+    try:
+        runner = engine.engine.runner
+        assert isinstance(runner, TensorParallelRunner)
+        params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+        stream = engine.generate({"prompt_token_ids": [5, 6, 7]}, params, "r1")
+        await stream.__anext__()
+        runner.workers[0].process.kill()
+        with pytest.raises(EngineDeadError, match="rank 1"):
+            async for output in stream:
+                if output.error is not None:
+                    raise output.error
+        with pytest.raises(EngineDeadError):
+            async for _ in engine.generate({"prompt_token_ids": [5]}, params, "r2"):
+                pass
+    finally:
+        await asyncio.wait_for(engine.shutdown(), timeout=30)
     assert not dist.is_initialized()
