@@ -174,7 +174,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--model", help="HF checkpoint dir (default: the demo model)")
-    ap.add_argument("--shape", choices=["llama3-8b"], help="random weights at a named shape")
+    ap.add_argument(
+        "--shape", choices=["llama3-8b", "llama3-70b", "tiny"], help="random weights at a shape"
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--num-prompts", type=int, default=32)
