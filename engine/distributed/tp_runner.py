@@ -35,7 +35,9 @@ from loraplex.engine.distributed.sharding import validate_tensor_parallel
 from loraplex.engine.distributed.tp_group import TensorParallel, destroy_tp_group
 from loraplex.engine.errors import ConfigError, WorkerDiedError
 from loraplex.engine.lora.lora_batch import LoRABatch
-from loraplex.engine.model.hf_config import ModelArchConfig
+from loraplex.engine.model.hf_config import ModelArchConfig, read_config_json
+from loraplex.engine.model.quant.quant_config import resolve_quant_config
+from loraplex.engine.model.weight_loader import check_tp_quantization
 from loraplex.engine.runner.input_batch import prepare_inputs
 from loraplex.engine.runner.model_runner import ModelRunner
 from loraplex.engine.scheduler.output import ModelRunnerOutput, SchedulerOutput
@@ -49,14 +51,11 @@ JOIN_POLL_S = 0.2  # how long a failed step waits to see a worker's exit or erro
 
 
 class _Worker:
-    def __init__(self, process: BaseProcess, conn: Connection) -> None:
+    def __init__(self, rank: int, process: BaseProcess, conn: Connection) -> None:
+        self.rank = rank
         self.process = process
         self.conn = conn
         self.error: str | None = None  # what it reported before it ended
-
-    @property
-    def rank(self) -> int:
-        return int(self.process.name.rsplit("-", 1)[1])
 
     def collect_error(self) -> None:
         """Read a `WorkerFailed` it left in the pipe, if any (a dead worker's last words)."""
@@ -82,9 +81,14 @@ class TensorParallelRunner(ModelRunner):
                 "one tensor-parallel engine per process at a time: shut the other one down "
                 "first (LLM.shutdown / LLMEngine.shutdown)"
             )
-        # Checked here, before any process starts: a worker failing it would leave rank 0
+        # Checked here, before any process starts: a worker failing them would leave rank 0
         # waiting for the group.
         validate_tensor_parallel(ModelArchConfig.from_model_dir(config.model.model), world_size)
+        config_json = read_config_json(config.model.model)
+        dummy = config.model.load_format == "dummy"
+        check_tp_quantization(
+            resolve_quant_config(config.model.quantization, config_json, dummy=dummy), world_size
+        )
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         context = mp.get_context("spawn")
         self.workers: list[_Worker] = []
@@ -98,7 +102,7 @@ class TensorParallelRunner(ModelRunner):
             )
             process.start()
             child.close()
-            self.workers.append(_Worker(process, parent))
+            self.workers.append(_Worker(rank, process, parent))
         self._finalizer = weakref.finalize(self, _stop_workers, list(self.workers))
         try:
             super().__init__(config, self._join_group(config, init_method))

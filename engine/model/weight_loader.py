@@ -48,8 +48,11 @@ _INDEX_FILE = "model.safetensors.index.json"
 _MAX_NAMES_IN_ERROR = 8
 
 
-def check_tp_quantization(quant: object, tp: TensorParallel | None) -> None:
-    if quant is not None and tp is not None:
+def check_tp_quantization(quant: object, tp: TensorParallel | int | None) -> None:
+    """ConfigError for a quantized base under tensor parallelism (`tp`: the share, or the
+    tensor_parallel_size), not built yet."""
+    sharded = tp is not None and tp != 1
+    if quant is not None and sharded:
         raise ConfigError(
             "tensor_parallel_size > 1 does not support quantized bases yet "
             "(the checkpoint or the quantization option names one)"
