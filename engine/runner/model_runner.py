@@ -46,6 +46,7 @@ class ModelRunner:
         self.device = resolve_device(config.model.device)
         if tp is not None and self.device.type == "cuda":
             self.device = torch.device("cuda", tp.group.rank)
+            torch.cuda.set_device(self.device)  # the current device is per thread
         torch.manual_seed(config.model.seed)
         model = config.model
         if model.load_format == "dummy":
