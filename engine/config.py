@@ -142,10 +142,6 @@ class EngineConfig:
             return
         # Not built yet under tensor parallelism (docs/tensor_parallel.md, limitations).
         _require(
-            not self.lora.enable_lora,
-            "tensor_parallel_size > 1 does not support LoRA adapters yet: pass enable_lora=False",
-        )
-        _require(
             self.model.quantization is None,
             "tensor_parallel_size > 1 does not support quantized bases yet",
         )

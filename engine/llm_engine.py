@@ -9,6 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.distributed.lora_sharding import shard_module_shapes
+from loraplex.engine.distributed.sharding import create_tp_layouts
 from loraplex.engine.distributed.tp_runner import TensorParallelRunner
 from loraplex.engine.engine_args import create_engine_config
 from loraplex.engine.errors import (
@@ -68,6 +70,7 @@ class LLMEngine:
         )
         self.lora_manager: LoRAManager | None = None
         if config.lora.enable_lora:
+            tp = self.runner.tp
             self.lora_manager = LoRAManager(
                 config.lora,
                 arch,
@@ -75,7 +78,10 @@ class LLMEngine:
                 self.kv_cache_manager,
                 self.runner.kv_pages,
                 max_batch_loras=config.lora.max_loras or config.scheduler.max_num_seqs,
+                tp_layouts=[] if tp is None else create_tp_layouts(arch, tp.group.world_size),
+                reduce=None if tp is None else tp.group,
             )
+        self.runner.initialize_lora(self.lora_manager)
         self.runner.capture_cuda_graphs(self.max_model_len, self.lora_manager)
         self.scheduler = Scheduler(
             config.scheduler,
@@ -100,9 +106,12 @@ class LLMEngine:
         lora = self.config.lora
         if not lora.enable_lora:
             return 0
-        arch = self.runner.arch
-        page_size = 2 * self.config.cache.block_size * arch.num_key_value_heads * arch.head_dim
-        pages = max_adapter_pages(lora.max_lora_rank, lora_module_shapes(arch), page_size)
+        arch, tp = self.runner.arch, self.runner.tp
+        page_size = 2 * self.config.cache.block_size * self.runner.num_kv_heads * arch.head_dim
+        shapes = lora_module_shapes(arch)
+        if tp is not None:  # a rank's shard of each adapter (the same size on every rank)
+            shapes = shard_module_shapes(shapes, tp.layout)
+        pages = max_adapter_pages(lora.max_lora_rank, shapes, page_size)
         count = lora.max_gpu_loras if self.runner.device.type == "cuda" else lora.max_cpu_loras
         return count * pages
 

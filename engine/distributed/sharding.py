@@ -109,6 +109,11 @@ def create_tp_layout(arch: ModelArchConfig, rank: int, world_size: int) -> TPLay
     )
 
 
+def create_tp_layouts(arch: ModelArchConfig, world_size: int) -> list[TPLayout]:
+    """Every rank's share, rank order."""
+    return [create_tp_layout(arch, rank, world_size) for rank in range(world_size)]
+
+
 def take_shard(tensor: torch.Tensor, shard: ShardSpec) -> torch.Tensor:
     """The shard's view of a full tensor (what a rank reads from the checkpoint)."""
     return tensor.narrow(shard.dim, shard.start, shard.size)

@@ -34,7 +34,9 @@ from loraplex.engine.distributed import worker as w
 from loraplex.engine.distributed.sharding import validate_tensor_parallel
 from loraplex.engine.distributed.tp_group import TensorParallel, destroy_tp_group
 from loraplex.engine.errors import ConfigError, WorkerDiedError
+from loraplex.engine.lora.adapter_pool import ShardUpload
 from loraplex.engine.lora.lora_batch import LoRABatch
+from loraplex.engine.lora.lora_manager import LoRAManager
 from loraplex.engine.model.hf_config import ModelArchConfig, read_config_json
 from loraplex.engine.model.quant.quant_config import resolve_quant_config
 from loraplex.engine.model.weight_loader import check_tp_quantization
@@ -92,6 +94,7 @@ class TensorParallelRunner(ModelRunner):
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         context = mp.get_context("spawn")
         self.workers: list[_Worker] = []
+        self.lora_manager: LoRAManager | None = None
         for rank in range(1, world_size):
             parent, child = context.Pipe()
             process = context.Process(
@@ -150,6 +153,13 @@ class TensorParallelRunner(ModelRunner):
         self._broadcast(w.InitSwapSpace(num_cpu_blocks))
         super().initialize_swap_space(num_cpu_blocks)
 
+    def initialize_lora(self, lora_manager: LoRAManager | None) -> None:
+        """The workers' adapter tables (their pages are their KV caches, same block ids)."""
+        self.lora_manager = lora_manager
+        if lora_manager is not None:
+            pool, max_rank = lora_manager.pool, lora_manager.config.max_lora_rank
+            self._broadcast(w.InitLoRA(pool.max_resident, pool.max_pages, max_rank))
+
     # ---- one step ------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -157,13 +167,14 @@ class TensorParallelRunner(ModelRunner):
         self, scheduler_output: SchedulerOutput, lora: LoRABatch | None = None
     ) -> ModelRunnerOutput:
         """One message to each worker, then rank 0's share of the step, then sampling."""
-        assert lora is None, "LoRA under tensor parallelism is rejected by EngineConfig"
         try:
-            return self._execute(scheduler_output)
+            return self._execute(scheduler_output, lora)
         except Exception as exc:
             raise self._failure(exc) from exc
 
-    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def _execute(
+        self, scheduler_output: SchedulerOutput, lora: LoRABatch | None
+    ) -> ModelRunnerOutput:
         self._check_alive()
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
@@ -171,15 +182,29 @@ class TensorParallelRunner(ModelRunner):
         inputs = (
             prepare_inputs(scheduled, self.block_size, torch.device("cpu")) if scheduled else None
         )
-        if inputs is not None or not scheduler_output.is_empty:
+        uploads = self._take_uploads()
+        if inputs is not None or not scheduler_output.is_empty or any(uploads):
             sent = None if inputs is None else replace(inputs, sample_requests=[])
-            self._broadcast(w.ExecuteStep(scheduler_output.block_copies, sent))
+            lora_step = None if lora is None else w.LoRAStep.of(lora)
+            for worker, mine in zip(self.workers, uploads, strict=True):
+                step = w.ExecuteStep(scheduler_output.block_copies, sent, mine, lora_step)
+                w.send(worker.conn, step)
         self.copy_blocks(scheduler_output.block_copies)
         if inputs is None:
             return ModelRunnerOutput()
         inputs = w.to_device(inputs, self.device)
-        logits = self.forward(inputs)
+        logits = self.forward(inputs, lora)
         return ModelRunnerOutput() if logits is None else self._sample(logits, inputs)
+
+    def _take_uploads(self) -> list[list[ShardUpload]]:
+        """Per worker, the adapter shards to write before its next forward."""
+        if self.lora_manager is None:
+            return [[] for _ in self.workers]
+        pending = self.lora_manager.pool.shard_uploads
+        taken = [list(uploads) for uploads in pending]
+        for uploads in pending:
+            uploads.clear()
+        return taken
 
     # ---- workers -------------------------------------------------------------------------
 

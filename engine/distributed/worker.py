@@ -3,7 +3,8 @@
 It joins the group, builds its `ModelRunner` on its shard, then serves the driver's messages
 (rank 0, in the engine's process) over its pipe, one per step:
 
-    driver ──ExecuteStep──▶ worker: block copies, forward (collectives with every rank), no
+    driver ──ExecuteStep──▶ worker: adapter uploads (its shards), block copies, forward
+                            (collectives with every rank, the step's LoRA mapping), no
                             sampling; nothing is sent back (the collectives keep step)
     driver ──DetermineNumBlocks──▶ worker ──int──▶ driver (the smallest over the ranks wins)
 
@@ -25,6 +26,8 @@ import torch
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.distributed.sharding import create_tp_layout
 from loraplex.engine.distributed.tp_group import TensorParallel, destroy_tp_group, init_tp_group
+from loraplex.engine.lora.adapter_pool import AdapterTables, ShardUpload
+from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.weight_loader import resolve_device
 from loraplex.engine.runner.input_batch import ModelInputs
@@ -35,9 +38,39 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
+class LoRAStep:
+    """A step's `LoRABatch` mapping, on the CPU (the worker's tables are its own)."""
+
+    sorted_token_ids: torch.Tensor
+    slot_start_loc: torch.Tensor
+    slot_adapters: torch.Tensor
+    num_active_slots: torch.Tensor
+    modules: set[str]
+
+    @classmethod
+    def of(cls, lora: LoRABatch) -> LoRAStep:
+        return cls(
+            lora.sorted_token_ids.cpu(),
+            lora.slot_start_loc.cpu(),
+            lora.slot_adapters.cpu(),
+            lora.num_active_slots.cpu(),
+            set(lora.modules),
+        )
+
+
+@dataclass
 class ExecuteStep:
     block_copies: BlockCopies
     inputs: ModelInputs | None  # on the CPU, no sample_requests; None: copies only
+    uploads: list[ShardUpload]  # this rank's shards of the adapters uploaded since the last
+    lora: LoRAStep | None  # None: no adapter in the step
+
+
+@dataclass
+class InitLoRA:
+    max_resident: int
+    max_pages: int
+    max_lora_rank: int
 
 
 @dataclass
@@ -71,7 +104,7 @@ class WorkerFailed:
     error: str
 
 
-WorkerMessage = ExecuteStep | DetermineNumBlocks | InitKVCache | InitSwapSpace | Shutdown
+WorkerMessage = ExecuteStep | DetermineNumBlocks | InitKVCache | InitSwapSpace | InitLoRA | Shutdown
 
 
 def send(conn: Connection, message: object) -> None:
@@ -114,24 +147,59 @@ def run_worker(config: EngineConfig, rank: int, init_method: str, conn: Connecti
         conn.close()
 
 
+@dataclass
+class _WorkerLoRA:
+    tables: AdapterTables
+    workspace: LoRAWorkspace
+
+
 @torch.inference_mode()
 def _serve(runner: ModelRunner, conn: Connection) -> None:
+    lora: _WorkerLoRA | None = None
     while True:
         message = receive(conn)
         if isinstance(message, ExecuteStep):
-            runner.copy_blocks(message.block_copies)
-            if message.inputs is not None:
-                runner.forward(to_device(message.inputs, runner.device))
+            _execute(runner, lora, message)
         elif isinstance(message, DetermineNumBlocks):
             send(conn, runner.determine_num_blocks(message.max_useful_blocks))
         elif isinstance(message, InitKVCache):
             runner.initialize_kv_cache(message.num_blocks)
         elif isinstance(message, InitSwapSpace):
             runner.initialize_swap_space(message.num_cpu_blocks)
+        elif isinstance(message, InitLoRA):
+            tables = AdapterTables(runner.kv_pages, message.max_resident, message.max_pages)
+            layers = runner.arch.num_hidden_layers
+            lora = _WorkerLoRA(tables, LoRAWorkspace(layers, message.max_lora_rank, runner.device))
         elif isinstance(message, Shutdown):
             return
         else:
             raise TypeError(f"unexpected message {type(message).__name__}")
+
+
+def _execute(runner: ModelRunner, lora: _WorkerLoRA | None, step: ExecuteStep) -> None:
+    """Rank 0's step on this rank's share: uploads, block copies, forward (no sampling)."""
+    if step.uploads:
+        assert lora is not None, "adapters are uploaded only once LoRA is initialized"
+        for upload in step.uploads:
+            lora.tables.apply(upload)
+    runner.copy_blocks(step.block_copies)
+    if step.inputs is None:
+        return
+    batch = None
+    if step.lora is not None:
+        assert lora is not None and runner.tp is not None
+        device = runner.device
+        batch = LoRABatch(
+            lora.tables,
+            lora.workspace,
+            step.lora.sorted_token_ids.to(device),
+            step.lora.slot_start_loc.to(device),
+            step.lora.slot_adapters.to(device),
+            step.lora.num_active_slots.to(device),
+            step.lora.modules,
+            runner.tp.group,
+        )
+    runner.forward(to_device(step.inputs, runner.device), batch)
 
 
 def to_device(inputs: ModelInputs, device: torch.device) -> ModelInputs:

@@ -251,6 +251,9 @@ class ModelRunner:
                 output.logprobs[request.request_id] = row_logprobs
         return output
 
+    def initialize_lora(self, lora_manager: LoRAManager | None) -> None:
+        """Once the LoRA manager exists (tensor parallelism: the workers' adapter tables)."""
+
     def shutdown(self) -> None:
         """Release what outlives the runner (tensor parallelism: its workers); here nothing."""
 

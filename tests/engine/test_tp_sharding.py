@@ -10,8 +10,10 @@ import torch
 
 from loraplex.engine.config import EngineConfig, LoRAConfig, ModelConfig, ParallelConfig
 from loraplex.engine.distributed import ShardSpec, create_tp_layout, take_shard
+from loraplex.engine.distributed.lora_sharding import shard_adapter, shard_module_shapes
 from loraplex.engine.distributed.sharding import as_dim
 from loraplex.engine.errors import ConfigError
+from loraplex.engine.lora.adapter import LoRAAdapter, lora_module_shapes
 from loraplex.engine.model.hf_config import ModelArchConfig
 
 
@@ -118,18 +120,52 @@ def test_the_engine_config_rejects_what_tensor_parallelism_does_not_support_yet(
     model = ModelConfig("m")
     with pytest.raises(ConfigError, match="integer > 0"):
         ParallelConfig(tensor_parallel_size=0)
-    with pytest.raises(ConfigError, match="enable_lora=False"):
-        EngineConfig(model, parallel=ParallelConfig(2))
-    no_lora = LoRAConfig(enable_lora=False)
     with pytest.raises(ConfigError, match="quantized"):
-        EngineConfig(replace(model, quantization="fp8"), lora=no_lora, parallel=ParallelConfig(2))
-    assert (
-        EngineConfig(model, lora=no_lora, parallel=ParallelConfig(2)).parallel.tensor_parallel_size
-        == 2
-    )
+        EngineConfig(replace(model, quantization="fp8"), parallel=ParallelConfig(2))
+    config = EngineConfig(model, lora=LoRAConfig(), parallel=ParallelConfig(2))
+    assert config.parallel.tensor_parallel_size == 2 and config.lora.enable_lora
     assert EngineConfig(model).parallel == ParallelConfig(1)
 
 
 def test_shard_spec_is_a_range_along_one_dim() -> None:
     t = torch.arange(12).view(3, 4)
     assert take_shard(t, ShardSpec(1, 1, 2, 4)).tolist() == [[1, 2], [5, 6], [9, 10]]
+
+
+def test_adapter_shards_follow_the_layers() -> None:
+    """Column-parallel slices: B's rows of the rank's outputs (A whole); row-parallel: A's
+    columns of the rank's inputs (B whole). The shards' shapes are the same on every rank."""
+    arch = make_arch(heads=8, kv_heads=2, inter=96)
+    shapes = lora_module_shapes(arch)
+    weights = {
+        (0, m): (torch.randn(4, in_dim), torch.randn(out_dim, 4))
+        for m, (in_dim, out_dim) in shapes.items()
+    }
+    adapter = LoRAAdapter(4, 8.0, 2.0, tuple(shapes), weights, "hash", 0, None)
+    layouts = [create_tp_layout(arch, r, 2) for r in range(2)]
+    local = [shard_module_shapes(shapes, lay) for lay in layouts]
+    assert local[0] == local[1]
+    assert local[0]["q_proj"] == (arch.hidden_size, arch.q_size // 2)
+    assert local[0]["o_proj"] == (arch.q_size // 2, arch.hidden_size)
+    assert local[0]["down_proj"] == (48, arch.hidden_size)
+    shards = [shard_adapter(adapter, lay) for lay in layouts]
+    for module in ("q_proj", "k_proj", "gate_proj"):
+        a, b = weights[(0, module)]
+        assert all(torch.equal(s.weights[(0, module)][0], a) for s in shards)
+        assert torch.equal(torch.cat([s.weights[(0, module)][1] for s in shards]), b)
+    for module in ("o_proj", "down_proj"):
+        a, b = weights[(0, module)]
+        assert torch.equal(torch.cat([s.weights[(0, module)][0] for s in shards], dim=1), a)
+        assert all(torch.equal(s.weights[(0, module)][1], b) for s in shards)
+        # The partial shrinks sum to the whole one (the all-reduce in LoRABatch).
+        x = torch.randn(3, a.shape[1])
+        parts = [
+            take_shard(x, as_dim(lay.q_shard if module == "o_proj" else lay.intermediate_shard, 1))
+            @ s.weights[(0, module)][0].T
+            for lay, s in zip(layouts, shards, strict=True)
+        ]
+        torch.testing.assert_close(sum(parts), x @ a.T)
+    for lay, local_shapes in zip(layouts, local, strict=True):
+        for (in_dim, out_dim), module in zip(local_shapes.values(), local_shapes, strict=True):
+            a, b = shard_adapter(adapter, lay).weights[(0, module)]
+            assert (a.shape[1], b.shape[0]) == (in_dim, out_dim)
