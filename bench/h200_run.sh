@@ -76,8 +76,8 @@ for step in $steps; do
            done
            [ $qfail -eq 0 ];;
     tp) # tensor parallelism (needs nvidia-h200-x2; not run yet): the Llama-3-8B shape at TP=1
-        # and TP=2, decode steps at batch 1 and 64 (decode_step_ms) and W1; the Llama-3-70B
-        # shape at TP=2. No adapters: LoRA under TP > 1 is not built yet.
+        # and TP=2, decode steps at batch 1 and 64 (decode_step_ms) and W1 with 0 and 8
+        # adapters; the Llama-3-70B shape at TP=2 with 0 and 8 adapters.
         tfail=0
         for tp in ${TPS:-1 2}; do
           for batch in 1 64; do
@@ -89,12 +89,12 @@ for step in $steps; do
           done
           limit ${TP_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
             --device cuda --skip-hf --tensor-parallel-size "$tp" --num-prompts 512 \
-            --min-prompt 512 --max-prompt 512 --output-len 128 --json "$OUT/tp${tp}_w1.json" \
-            2>&1 | grep -v Loading | tee "$OUT/tp${tp}_w1.txt" || tfail=1
+            --min-prompt 512 --max-prompt 512 --output-len 128 --adapters 0,8 \
+            --json "$OUT/tp${tp}_w1.json" 2>&1 | grep -v Loading | tee "$OUT/tp${tp}_w1.txt" || tfail=1
         done
         limit ${TP_TIMEOUT:-300} python3 bench/offline_throughput.py --shape llama3-70b \
           --device cuda --skip-hf --tensor-parallel-size 2 --num-prompts 64 --min-prompt 512 \
-          --max-prompt 512 --output-len 128 --gpu-memory-utilization 0.9 \
+          --max-prompt 512 --output-len 128 --adapters 0,8 --gpu-memory-utilization 0.9 \
           --json "$OUT/tp2_70b.json" 2>&1 | grep -v Loading | tee "$OUT/tp2_70b.txt" || tfail=1
         [ $tfail -eq 0 ];;
     prio) limit 240 python3 bench/priority_latency.py --shape llama3-8b --device cuda \

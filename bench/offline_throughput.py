@@ -16,9 +16,9 @@ weights in that format, 4-bit with group size 128; with `--model`: the checkpoin
 online FP8) and skips HF. Every run reports the bytes of the model's weights (`weights_bytes`,
 and `linear_weights_bytes` for the decoder's linear layers alone, quantized or not).
 
-`--tensor-parallel-size N` shards the engine's model over N devices (docs/tensor_parallel.md;
-no adapters and no quantization with N > 1 yet); the weight bytes are then rank 0's shard, and
-on CUDA `gpu_peak_bytes_rank0` is rank 0's peak memory. Not run on GPUs yet.
+`--tensor-parallel-size N` shards the engine's model and adapters over N devices
+(docs/tensor_parallel.md; no quantization with N > 1 yet); the weight bytes are then rank 0's
+shard, and on CUDA `gpu_peak_bytes_rank0` is rank 0's peak memory. Not run on GPUs yet.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def main() -> None:
         "--tensor-parallel-size",
         type=int,
         default=1,
-        help="shard the engine's model over N devices (adapters and quantization need 1)",
+        help="shard the engine's model over N devices (no quantization with N > 1)",
     )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--torch-profile", help="write a torch.profiler table of one run here")
@@ -260,8 +260,6 @@ def main() -> None:
         )
 
     counts = [int(c) for c in args.adapters.split(",")] if args.adapters else [0]
-    if args.tensor_parallel_size > 1 and max(counts) > 0:
-        ap.error("--tensor-parallel-size > 1 runs without adapters for now (--adapters 0)")
     llm = LLM(
         str(model_dir),
         device=args.device,

@@ -67,8 +67,7 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     # None: the checkpoint's own quantization_config, if any (docs/quantization.md).
     quantization: Literal["fp8", "awq", "gptq"] | None = None
-    # GPUs the model is sharded over (docs/tensor_parallel.md); > 1 needs enable_lora=False in
-    # engine_args for now.
+    # GPUs the model is sharded over (docs/tensor_parallel.md).
     tensor_parallel_size: int = Field(default=1, ge=1)
     max_model_len: int | None = None
     max_num_seqs: int = 64
