@@ -25,6 +25,7 @@ def make_prompts() -> list[list[int]]:
 
 
 def make_llm(checkpoint: Path, tensor_parallel_size: int, **kwargs: object) -> LLM:
+    """The base model alone (adapters under TP: test_tensor_parallel_lora.py)."""
     return LLM(
         str(checkpoint),
         device="cpu",
