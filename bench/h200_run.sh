@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease, one script: the GPU tests first, then timing. On the device machine, from the repo
 # root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput; also many,
-# serve, quant, prio); results go to $OUT (or bench/results/tmp).
+# serve, quant, tp, prio); results go to $OUT (or bench/results/tmp).
 #
 # The device has torch, triton, transformers and peft, but not this package and no package
 # index: build the wheel here first (`make wheel`, into the git-ignored .whl/), carry .whl/ along,
@@ -75,11 +75,33 @@ for step in $steps; do
                ${QUANT_ARGS:-} 2>&1 | grep -v Loading | tee "$OUT/quant_decode_$q.txt" || qfail=1
            done
            [ $qfail -eq 0 ];;
+    tp) # tensor parallelism (needs nvidia-h200-x2; not run yet): the Llama-3-8B shape at TP=1
+        # and TP=2, decode steps at batch 1 and 64 (decode_step_ms) and W1 with 0 and 8
+        # adapters; the Llama-3-70B shape at TP=2 with 0 and 8 adapters.
+        tfail=0
+        for tp in ${TPS:-1 2}; do
+          for batch in 1 64; do
+            limit ${TP_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
+              --device cuda --skip-hf --tensor-parallel-size "$tp" --num-prompts "$batch" \
+              --min-prompt 128 --max-prompt 128 --output-len 256 \
+              --json "$OUT/tp${tp}_decode_b$batch.json" 2>&1 | grep -v Loading \
+              | tee "$OUT/tp${tp}_decode_b$batch.txt" || tfail=1
+          done
+          limit ${TP_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
+            --device cuda --skip-hf --tensor-parallel-size "$tp" --num-prompts 512 \
+            --min-prompt 512 --max-prompt 512 --output-len 128 --adapters 0,8 \
+            --json "$OUT/tp${tp}_w1.json" 2>&1 | grep -v Loading | tee "$OUT/tp${tp}_w1.txt" || tfail=1
+        done
+        limit ${TP_TIMEOUT:-300} python3 bench/offline_throughput.py --shape llama3-70b \
+          --device cuda --skip-hf --tensor-parallel-size 2 --num-prompts 64 --min-prompt 512 \
+          --max-prompt 512 --output-len 128 --adapters 0,8 --gpu-memory-utilization 0.9 \
+          --json "$OUT/tp2_70b.json" 2>&1 | grep -v Loading | tee "$OUT/tp2_70b.txt" || tfail=1
+        [ $tfail -eq 0 ];;
     prio) limit 240 python3 bench/priority_latency.py --shape llama3-8b --device cuda \
             --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
             --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
             | tee "$OUT/priority.txt";;
-    *) echo "unknown step $step (env gpu-tests kernels tput many serve quant prio)" >&2; false;;
+    *) echo "unknown step $step (env gpu-tests kernels tput many serve quant tp prio)" >&2; false;;
   esac
   rc=$?
   echo "=== $step: exit $rc"

@@ -15,6 +15,10 @@ same workload once per adapter count (requests spread round-robin over random ra
 weights in that format, 4-bit with group size 128; with `--model`: the checkpoint's own or
 online FP8) and skips HF. Every run reports the bytes of the model's weights (`weights_bytes`,
 and `linear_weights_bytes` for the decoder's linear layers alone, quantized or not).
+
+`--tensor-parallel-size N` shards the engine's model and adapters over N devices
+(docs/tensor_parallel.md; no quantization with N > 1 yet); the weight bytes are then rank 0's
+shard, and on CUDA `gpu_peak_bytes_rank0` is rank 0's peak memory. Not run on GPUs yet.
 """
 
 from __future__ import annotations
@@ -170,7 +174,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--model", help="HF checkpoint dir (default: the demo model)")
-    ap.add_argument("--shape", choices=["llama3-8b"], help="random weights at a named shape")
+    ap.add_argument(
+        "--shape", choices=["llama3-8b", "llama3-70b", "tiny"], help="random weights at a shape"
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--num-prompts", type=int, default=32)
@@ -198,6 +204,12 @@ def main() -> None:
         choices=["none", "fp8", "awq", "gptq"],
         default="none",
         help="quantized base for the engine (HF is skipped)",
+    )
+    ap.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="shard the engine's model over N devices (no quantization with N > 1)",
     )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--torch-profile", help="write a torch.profiler table of one run here")
@@ -229,6 +241,7 @@ def main() -> None:
         "prompt_len": [args.min_prompt, args.max_prompt],
         "output_len": args.output_len,
         "quantization": args.quantization,
+        "tensor_parallel_size": args.tensor_parallel_size,
         "runs": {},
     }
     if args.device == "cuda":
@@ -261,11 +274,13 @@ def main() -> None:
         max_lora_rank=max(args.lora_rank, 8),
         max_cpu_loras=max(max(counts), 1),
         quantization=quantization,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     total_bytes, linear_bytes = weights_bytes(llm)
     results["weights_bytes"], results["linear_weights_bytes"] = total_bytes, linear_bytes
     print(
-        f"weights ({args.quantization}): {total_bytes / 2**30:.2f} GiB, of which the decoder's "
+        f"weights ({args.quantization}, rank 0 of {args.tensor_parallel_size}): "
+        f"{total_bytes / 2**30:.2f} GiB, of which the decoder's "
         f"linear layers {linear_bytes / 2**30:.2f} GiB",
         flush=True,
     )
@@ -349,6 +364,9 @@ def main() -> None:
             flush=True,
         )
     results["engine_stats"] = dataclasses.asdict(llm.engine.get_stats())
+    if args.device == "cuda":
+        results["gpu_peak_bytes_rank0"] = torch.cuda.max_memory_allocated()
+    llm.shutdown()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

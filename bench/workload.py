@@ -31,6 +31,15 @@ SHAPES = {
         "eos_token_id": 2,
     },
 }
+# Llama-3-70B's shape (140 GB in bf16: tensor parallelism over two H200s at least).
+SHAPES["llama3-70b"] = {
+    **SHAPES["llama3-8b"],
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+}
 # A small shape for smoke runs of the benchmarks on the CPU.
 SHAPES["tiny"] = {
     **SHAPES["llama3-8b"],

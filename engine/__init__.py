@@ -18,6 +18,8 @@ _EXPORTS = {
     "LoRAConfig": "config",
     "ModelConfig": "config",
     "SchedulerConfig": "config",
+    "ParallelConfig": "config",
+    "WorkerDiedError": "errors",
     "LLM": "llm",
     "LLMEngine": "llm_engine",
     "CompletionOutput": "request",

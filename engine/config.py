@@ -116,8 +116,32 @@ class LoRAConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    # Ranks the model is sharded over (Megatron-style, docs/tensor_parallel.md); rank 0 runs in
+    # the engine's process, each other rank in a worker process of its own. 1: no workers, no
+    # collectives. Whether the model divides by it is checked once its config.json is read.
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size > 0,
+            "tensor_parallel_size must be an integer > 0",
+        )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        if self.parallel.tensor_parallel_size == 1:
+            return
+        # Not built yet under tensor parallelism (docs/tensor_parallel.md, limitations).
+        _require(
+            self.model.quantization is None,
+            "tensor_parallel_size > 1 does not support quantized bases yet",
+        )

@@ -114,8 +114,11 @@ class ProcessTransport:
     def __init__(self, config: EngineConfig) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
+        # A daemonic process may not start processes: under tensor parallelism the core
+        # starts its workers, so it is not one (AsyncEngine.shutdown still ends it).
+        daemon = config.parallel.tensor_parallel_size == 1
         self._process = context.Process(
-            target=_core_main, args=(config, child), name="loraplex-engine-core", daemon=True
+            target=_core_main, args=(config, child), name="loraplex-engine-core", daemon=daemon
         )
         self._process.start()
         child.close()

@@ -11,6 +11,7 @@ from loraplex.engine.config import (
     EngineConfig,
     LoRAConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
 )
 from loraplex.engine.errors import ConfigError
@@ -21,6 +22,7 @@ _SECTIONS: dict[str, type] = {
     "cache": CacheConfig,
     "scheduler": SchedulerConfig,
     "lora": LoRAConfig,
+    "parallel": ParallelConfig,
 }
 
 

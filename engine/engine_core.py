@@ -149,6 +149,7 @@ class EngineCore:
             if isinstance(command, Shutdown):
                 self._abort_all(message)
                 message.stats = self.engine.get_stats()
+                self.engine.shutdown()
                 self._send(message)
                 return False
             self._apply(command, message)
@@ -168,6 +169,8 @@ class EngineCore:
         message.adapter_loads, self._loads[:] = list(self._loads), []
         if message.deltas or message.results or message.adapter_loads or message.stats:
             self._send(message)
+        if self.engine.dead is not None:  # its requests' errors are sent: now end the loop
+            raise self.engine.dead
         return True
 
     def _apply(self, command: Command, message: StepMessage) -> None:

@@ -42,3 +42,7 @@ class AdapterRemovedError(LookupError):
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped; no request can be served."""
+
+
+class WorkerDiedError(EngineDeadError):
+    """A tensor-parallel worker process died or its collectives failed; the engine stopped."""

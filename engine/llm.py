@@ -62,7 +62,14 @@ class LLM:
             raise
         finally:
             bar.close()
+        if self.engine.dead is not None:  # its requests ended with an error: say why
+            raise self.engine.dead
         return [finished[request_id] for request_id in request_ids]
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes, if any (tensor parallelism); also done when
+        the LLM is garbage-collected or the interpreter exits."""
+        self.engine.shutdown()
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         return self.engine.add_lora(lora_request)

@@ -9,9 +9,13 @@ from dataclasses import replace
 from typing import Any
 
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.distributed.lora_sharding import shard_module_shapes
+from loraplex.engine.distributed.sharding import create_tp_layouts
+from loraplex.engine.distributed.tp_runner import TensorParallelRunner
 from loraplex.engine.engine_args import create_engine_config
 from loraplex.engine.errors import (
     AdapterRemovedError,
+    EngineDeadError,
     InvalidAdapterError,
     InvalidParameterError,
     RequestTooLongError,
@@ -45,7 +49,13 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer = Tokenizer.from_model_dir(config.model.model)
-        self.runner = ModelRunner(config)
+        self.runner = (
+            ModelRunner(config)
+            if config.parallel.tensor_parallel_size == 1
+            else TensorParallelRunner(config)
+        )
+        # Set when the engine stopped for good (a tensor-parallel worker died): no more steps.
+        self.dead: EngineDeadError | None = None
         arch, block_size = self.runner.arch, config.cache.block_size
         max_model_len = config.model.max_model_len or arch.max_position_embeddings
         max_model_len = min(max_model_len, arch.max_position_embeddings)
@@ -61,6 +71,7 @@ class LLMEngine:
         )
         self.lora_manager: LoRAManager | None = None
         if config.lora.enable_lora:
+            tp = self.runner.tp
             self.lora_manager = LoRAManager(
                 config.lora,
                 arch,
@@ -68,7 +79,10 @@ class LLMEngine:
                 self.kv_cache_manager,
                 self.runner.kv_pages,
                 max_batch_loras=config.lora.max_loras or config.scheduler.max_num_seqs,
+                tp_layouts=[] if tp is None else create_tp_layouts(arch, tp.group.world_size),
+                reduce=None if tp is None else tp.group,
             )
+        self.runner.initialize_lora(self.lora_manager)
         self.runner.capture_cuda_graphs(self.max_model_len, self.lora_manager)
         self.scheduler = Scheduler(
             config.scheduler,
@@ -93,9 +107,12 @@ class LLMEngine:
         lora = self.config.lora
         if not lora.enable_lora:
             return 0
-        arch = self.runner.arch
-        page_size = 2 * self.config.cache.block_size * arch.num_key_value_heads * arch.head_dim
-        pages = max_adapter_pages(lora.max_lora_rank, lora_module_shapes(arch), page_size)
+        arch, tp = self.runner.arch, self.runner.tp
+        page_size = 2 * self.config.cache.block_size * self.runner.num_kv_heads * arch.head_dim
+        shapes = lora_module_shapes(arch)
+        if tp is not None:  # a rank's shard of each adapter (the same size on every rank)
+            shapes = shard_module_shapes(shapes, tp.layout)
+        pages = max_adapter_pages(lora.max_lora_rank, shapes, page_size)
         count = lora.max_gpu_loras if self.runner.device.type == "cuda" else lora.max_cpu_loras
         return count * pages
 
@@ -120,6 +137,7 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> None:
         """Queue one user request (n completions). Raises InvalidParameterError if it can't run."""
+        self._check_alive()
         if self.output_processor.has(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_text, prompt_token_ids = self.tokenize_prompt(prompt)
@@ -196,6 +214,7 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        self._check_alive()
         failed_loads: list[RequestOutput] = []
         if self.lora_manager is not None:
             failures = self.lora_manager.poll(self.scheduler.waiting, len(self.scheduler.running))
@@ -209,6 +228,8 @@ class LLMEngine:
             if self.lora_manager is not None:
                 lora = self.lora_manager.prepare(scheduler_output.scheduled)
             runner_output = self.runner.execute(scheduler_output, lora)
+        except EngineDeadError as exc:
+            return failed_loads + self._stop(exc)
         except Exception:
             # One failed step (e.g. out of memory) fails the requests in it, not the engine.
             logger.exception(
@@ -224,6 +245,27 @@ class LLMEngine:
         self._throughput.add(len(runner_output.sampled_token_ids))
         self.num_steps += 1
         return failed_loads + outputs
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine stopped: {self.dead}") from self.dead
+
+    def _stop(self, error: EngineDeadError) -> list[RequestOutput]:
+        """The model can no longer run (a tensor-parallel worker died): fail every request in
+        flight with `error`, stop the runner's workers, refuse any further work."""
+        logger.error("engine stopped: %s", error)
+        requests = list(self.scheduler.requests.values())
+        for request in requests:
+            request.error = error
+        ids = [request.request_id for request in requests]
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+        self.dead = error
+        self.runner.shutdown()
+        return self.output_processor.finish(ids, "error")
+
+    def shutdown(self) -> None:
+        """Release the runner's resources (tensor parallelism: stop the worker processes)."""
+        self.runner.shutdown()
 
     def _fail_adapter_requests(self, failures: dict[str, str]) -> list[RequestOutput]:
         """End the waiting requests whose adapter failed to load, or that could never fit the

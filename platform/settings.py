@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     # None: the checkpoint's own quantization_config, if any (docs/quantization.md).
     quantization: Literal["fp8", "awq", "gptq"] | None = None
+    # GPUs the model is sharded over (docs/tensor_parallel.md).
+    tensor_parallel_size: int = Field(default=1, ge=1)
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_loras: int | None = None  # distinct adapters in one step; None: no cap
@@ -179,6 +181,7 @@ class Settings(BaseSettings):
             "device": self.device,
             "dtype": self.dtype,
             "quantization": self.quantization,
+            "tensor_parallel_size": self.tensor_parallel_size,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_loras": self.max_loras,

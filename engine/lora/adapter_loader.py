@@ -8,11 +8,14 @@ dtype and, on CUDA hosts, in pinned memory: the upload to the GPU is then one as
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
+from loraplex.engine.distributed.lora_sharding import shard_adapter, shard_module_shapes
+from loraplex.engine.distributed.sharding import TPLayout
 from loraplex.engine.errors import InvalidAdapterError
 from loraplex.engine.lora.adapter import (
     ArchLike,
@@ -37,6 +40,8 @@ class CpuAdapter:
     packed: torch.Tensor  # [num_layers, layout.num_pages, page_size], the model's dtype
     scaling: float
     load_seconds: float  # disk -> packed
+    # Tensor parallelism: `packed` is rank 0's shard; these are ranks 1 .. N-1's.
+    packed_shards: tuple[torch.Tensor, ...] = ()
 
 
 class AdapterLoader:
@@ -47,13 +52,19 @@ class AdapterLoader:
         page_size: int,
         dtype: torch.dtype,
         pin_memory: bool,
+        tp_layouts: Sequence[TPLayout] = (),
     ) -> None:
+        """`tp_layouts`: every rank's share under tensor parallelism (each rank's shard of an
+        adapter is packed; the layout is the same for all)."""
         self.arch = arch
         self.max_lora_rank = max_lora_rank
         self.page_size = page_size
         self.dtype = dtype
         self.pin_memory = pin_memory
+        self.tp_layouts = tuple(tp_layouts)
         self.module_shapes = lora_module_shapes(arch)
+        if self.tp_layouts:
+            self.module_shapes = shard_module_shapes(self.module_shapes, self.tp_layouts[0])
         self._executor = ThreadPoolExecutor(NUM_LOAD_THREADS, thread_name_prefix="lora-load")
 
     def submit(self, lora_request: LoRARequest) -> Future[CpuAdapter]:
@@ -69,17 +80,26 @@ class AdapterLoader:
         layout = plan_layout(
             adapter.rank, adapter.target_modules, self.module_shapes, self.page_size
         )
-        packed = pack_adapter(
-            adapter, layout, self.arch.num_hidden_layers, self.page_size, self.dtype,
-            pin_memory=self.pin_memory,
-        )  # fmt: skip
+        shares = [shard_adapter(adapter, tp) for tp in self.tp_layouts] or [adapter]
+        packed = [
+            pack_adapter(
+                share,
+                layout,
+                self.arch.num_hidden_layers,
+                self.page_size,
+                self.dtype,
+                pin_memory=self.pin_memory,
+            )  # fmt: skip
+            for share in shares
+        ]
         converted = any(a.dtype != self.dtype for a, _ in adapter.weights.values())
-        if converted and has_non_finite(packed):  # fp32 weights beyond the model dtype's range
+        if converted and any(map(has_non_finite, packed)):  # fp32 beyond the model dtype
             raise InvalidAdapterError(
                 f"{lora_request.lora_path}: weights overflow the model's dtype {self.dtype}"
             )
+        seconds = time.perf_counter() - start
         return CpuAdapter(
-            adapter.content_hash, layout, packed, adapter.scaling, time.perf_counter() - start
+            adapter.content_hash, layout, packed[0], adapter.scaling, seconds, tuple(packed[1:])
         )
 
     def shutdown(self) -> None:

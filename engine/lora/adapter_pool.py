@@ -40,15 +40,28 @@ class _Resident:
     ready: torch.cuda.Event | None  # None: the copy is done (or ran synchronously, on CPU)
 
 
-class AdapterPool:
+@dataclass(frozen=True)
+class ShardUpload:
+    """One adapter's upload as a tensor-parallel worker makes it: its shard's pages, into the
+    same blocks and table row as rank 0's (engine/distributed/)."""
+
+    resident_id: int
+    block_ids: list[int]
+    rows: torch.Tensor  # [3, NUM_SLICES] int32: first_a, first_b, ranks
+    scaling: float
+    packed: torch.Tensor  # [num_layers, num_pages, page_size]
+
+
+class AdapterTables:
+    """The pages and the device tables the LoRA kernels read (no residency decisions: a
+    tensor-parallel worker holds only these, written as rank 0's pool decides)."""
+
     def __init__(
         self,
-        kv_cache_manager: KVCacheManager,
         pages: torch.Tensor,  # [num_layers, num_blocks, page_size]: the KV cache's memory
         max_resident: int,
         max_pages: int,
     ) -> None:
-        self.kv = kv_cache_manager
         self.pages = pages
         self.device = pages.device
         self.max_resident = max_resident
@@ -59,6 +72,46 @@ class AdapterPool:
         self.first_b = torch.zeros(NUM_SLICES, max_resident, dtype=torch.int32, device=device)
         self.ranks = torch.zeros(NUM_SLICES, max_resident, dtype=torch.int32, device=device)
         self.scalings = torch.zeros(max_resident, dtype=torch.float32, device=device)
+
+    def write(
+        self,
+        packed: torch.Tensor,
+        ids: torch.Tensor,
+        rows: torch.Tensor,
+        scaling: float,
+        resident_id: int,
+    ) -> None:
+        """An adapter's pages into blocks `ids` and its row of the tables."""
+        device = self.device
+        staged = packed.to(device, non_blocking=True)  # [L, P, page_size]
+        gpu_ids = ids.to(device, non_blocking=True)
+        self.pages.index_copy_(1, gpu_ids, staged)
+        self.page_table[resident_id, : ids.shape[0]].copy_(gpu_ids.to(torch.int32))
+        gpu_rows = rows.to(device, non_blocking=True)
+        self.first_a[:, resident_id].copy_(gpu_rows[0])
+        self.first_b[:, resident_id].copy_(gpu_rows[1])
+        self.ranks[:, resident_id].copy_(gpu_rows[2])
+        self.scalings[resident_id] = scaling
+
+    def apply(self, upload: ShardUpload) -> None:
+        ids = torch.tensor(upload.block_ids, dtype=torch.int64)
+        self.write(upload.packed, ids, upload.rows, upload.scaling, upload.resident_id)
+
+
+class AdapterPool(AdapterTables):
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        pages: torch.Tensor,  # [num_layers, num_blocks, page_size]: the KV cache's memory
+        max_resident: int,
+        max_pages: int,
+    ) -> None:
+        super().__init__(pages, max_resident, max_pages)
+        self.kv = kv_cache_manager
+        device = self.device
+        # Tensor parallelism: per worker rank, the uploads it has yet to make (sent with the
+        # next step; empty otherwise).
+        self.shard_uploads: list[list[ShardUpload]] = []
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._resident: OrderedDict[str, _Resident] = OrderedDict()  # LRU first
         self._free_ids = list(range(max_resident - 1, -1, -1))  # pop() gives the lowest id
@@ -180,34 +233,17 @@ class AdapterPool:
         ids = torch.tensor(block_ids, dtype=torch.int64)
         rows = torch.tensor([layout.first_a, layout.first_b, layout.ranks], dtype=torch.int32)
         rows = rows.clamp(min=0)  # untargeted slices: first page 0, rank 0 (never read)
+        for pending, packed in zip(self.shard_uploads, cpu.packed_shards, strict=True):
+            pending.append(ShardUpload(resident_id, block_ids, rows, cpu.scaling, packed))
         stream = self.copy_stream
         if stream is None:
-            self._write(cpu.packed, ids, rows, cpu.scaling, resident_id)
+            self.write(cpu.packed, ids, rows, cpu.scaling, resident_id)
             return None
         # The blocks taken may still be read or written by steps queued on the compute stream.
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self._write(cpu.packed, ids, rows, cpu.scaling, resident_id)
+            self.write(cpu.packed, ids, rows, cpu.scaling, resident_id)
             return stream.record_event()
-
-    def _write(
-        self,
-        packed: torch.Tensor,
-        ids: torch.Tensor,
-        rows: torch.Tensor,
-        scaling: float,
-        resident_id: int,
-    ) -> None:
-        device = self.device
-        staged = packed.to(device, non_blocking=True)  # [L, P, page_size]
-        gpu_ids = ids.to(device, non_blocking=True)
-        self.pages.index_copy_(1, gpu_ids, staged)
-        self.page_table[resident_id, : ids.shape[0]].copy_(gpu_ids.to(torch.int32))
-        gpu_rows = rows.to(device, non_blocking=True)
-        self.first_a[:, resident_id].copy_(gpu_rows[0])
-        self.first_b[:, resident_id].copy_(gpu_rows[1])
-        self.ranks[:, resident_id].copy_(gpu_rows[2])
-        self.scalings[resident_id] = scaling
 
     def check_integrity(self) -> None:
         """Resident ids are unique and disjoint from the free list; blocks match the KV

@@ -28,6 +28,12 @@ LoRA then waits for the GEMM, which hides it whole on decode steps; `finish` onl
 
     main stream:  ... | base GEMM  x -> y                  | join | norm(y + residual) ...
     side stream:      | shrink x -> lora_out | expand -> residual |
+
+Tensor parallelism (`reduce`, docs/tensor_parallel.md): the row-parallel projections (o_proj,
+down_proj) shrink their input shard with A's matching columns, so lora_out is a partial sum:
+it is all-reduced ([num_tokens, rank], small) before the expand with the whole B, into the
+residual stream every rank holds whole. Column-parallel projections need nothing: the pages
+hold the rank's rows of B, the expand writes the rank's columns of y.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from loraplex.engine.lora.adapter_pool import AdapterPool
+from loraplex.engine.distributed.tp_group import TPGroup
+from loraplex.engine.lora.adapter_pool import AdapterTables
 from loraplex.engine.lora.page_layout import NUM_SLICES, SLICES
 from loraplex.kernels import lora_expand, lora_shrink
 
@@ -96,13 +103,14 @@ class LoRAShrunk:
 
 @dataclass
 class LoRABatch:
-    pool: AdapterPool
+    pool: AdapterTables
     workspace: LoRAWorkspace
     sorted_token_ids: torch.Tensor  # [num_tokens] int32
     slot_start_loc: torch.Tensor  # [max_batch_loras + 1] int32
     slot_adapters: torch.Tensor  # [max_batch_loras] int32: batch slot -> resident id
     num_active_slots: torch.Tensor  # [1] int32: the step's adapters are slots [0, n)
     modules: set[str]  # modules some adapter of this step targets
+    reduce: TPGroup | None = None  # tensor parallelism: row-parallel shrinks are summed
     _buffer: torch.Tensor | None = field(default=None, init=False, repr=False)
     _first_launch: tuple[int, str] | None = field(default=None, init=False, repr=False)
 
@@ -158,6 +166,8 @@ class LoRABatch:
                 zero_out=False,
             )
             if delta_into is not None:
+                if self.reduce is not None:  # a row-parallel shard's partial shrink
+                    self.reduce.all_reduce(shrunk.lora_out)
                 self._expand(shrunk, delta_into)
             ready = side.record_event() if side is not None else None
         return shrunk if ready is None else replace(shrunk, ready=ready)

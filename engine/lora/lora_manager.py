@@ -30,9 +30,11 @@ from itertools import islice
 import torch
 
 from loraplex.engine.config import LoRAConfig
+from loraplex.engine.distributed.sharding import TPLayout
+from loraplex.engine.distributed.tp_group import TPGroup
 from loraplex.engine.errors import InvalidAdapterError
 from loraplex.engine.kv_cache import KVCacheManager
-from loraplex.engine.lora.adapter import ArchLike, lora_module_shapes
+from loraplex.engine.lora.adapter import ArchLike
 from loraplex.engine.lora.adapter_loader import AdapterLoader, CpuAdapter
 from loraplex.engine.lora.adapter_pool import AdapterPool
 from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
@@ -60,18 +62,28 @@ class LoRAManager:
         kv_cache_manager: KVCacheManager,
         pages: torch.Tensor,  # [num_layers, num_blocks, page_size]: the KV cache's memory
         max_batch_loras: int,
+        tp_layouts: Sequence[TPLayout] = (),
+        reduce: TPGroup | None = None,
     ) -> None:
+        """Tensor parallelism: `tp_layouts`, every rank's share (`pages` are rank 0's), and
+        the group; adapters are packed per rank, the workers' shards queued in
+        `pool.shard_uploads` for the next step's messages."""
         self.config = config
         self.device = pages.device
         self.max_batch_loras = max_batch_loras
+        self.reduce = reduce
+        layouts = list(tp_layouts)
         page_size = pages.shape[2]
         self.loader = AdapterLoader(
-            arch, config.max_lora_rank, page_size, dtype, pin_memory=pages.is_cuda
+            arch, config.max_lora_rank, page_size, dtype, pages.is_cuda, layouts
         )
-        max_pages = max_adapter_pages(config.max_lora_rank, lora_module_shapes(arch), page_size)
+        self.max_pages = max_adapter_pages(
+            config.max_lora_rank, self.loader.module_shapes, page_size
+        )
         self.pool = AdapterPool(
-            kv_cache_manager, pages, min(config.max_gpu_loras, pages.shape[1]), max_pages
+            kv_cache_manager, pages, min(config.max_gpu_loras, pages.shape[1]), self.max_pages
         )
+        self.pool.shard_uploads = [[] for _ in layouts[1:]]
         kv_cache_manager.reclaim = self.pool.reclaim
         self.workspace = LoRAWorkspace(arch.num_hidden_layers, config.max_lora_rank, self.device)
         self._registered: dict[int, LoRARequest] = {}  # lora_int_id -> request, with hash
@@ -248,6 +260,7 @@ class LoRAManager:
             slot_adapters[:-1],
             slot_adapters[-1:],
             modules,
+            self.reduce,
         )
 
     def create_graph_batch(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from loraplex.engine.distributed.sharding import as_dim
+from loraplex.engine.distributed.tp_group import TensorParallel
 from loraplex.engine.model.forward_context import ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.linear import MergedLinear
@@ -13,7 +15,10 @@ from loraplex.kernels import apply_rotary_pos_emb, paged_attention, reshape_and_
 
 
 class Attention(nn.Module):
-    """qkv projection, rotary, cache write, paged attention, output projection."""
+    """qkv projection, rotary, cache write, paged attention, output projection.
+
+    With `tp`, this rank's heads only: qkv_proj column-parallel (its query heads and their KV
+    heads), o_proj row-parallel (one all-reduce)."""
 
     def __init__(
         self,
@@ -22,13 +27,18 @@ class Attention(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         quant: QuantConfig | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads = arch.num_attention_heads
-        self.num_kv_heads = arch.num_key_value_heads
         self.head_dim = arch.head_dim
-        self.q_size, self.kv_size = arch.q_size, arch.kv_size
+        if tp is None:
+            self.num_heads, self.num_kv_heads = arch.num_attention_heads, arch.num_key_value_heads
+            self.q_size, self.kv_size = arch.q_size, arch.kv_size
+        else:
+            layout = tp.layout
+            self.num_heads, self.num_kv_heads = layout.num_heads, layout.num_kv_heads
+            self.q_size, self.kv_size = layout.q_size, layout.kv_size
         self.scale = arch.head_dim**-0.5
         self.sliding_window = arch.sliding_windows[layer_idx]
         self.qkv_proj = MergedLinear(
@@ -40,6 +50,7 @@ class Attention(nn.Module):
             dtype,
             device,
             quant,
+            shards=None if tp is None else (tp.layout.q_shard,) + (tp.layout.kv_shard,) * 2,
         )
         self.o_proj = MergedLinear(
             layer_idx,
@@ -50,6 +61,8 @@ class Attention(nn.Module):
             dtype,
             device,
             quant,
+            shards=None if tp is None else (as_dim(tp.layout.q_shard, 1),),
+            reduce=None if tp is None else tp.group,
         )
 
     def forward(

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import torch
 
+from loraplex.engine.distributed.tp_group import TensorParallel
 from loraplex.engine.model.hf_config import ModelArchConfig, read_config_json
 from loraplex.engine.model.linear import MergedLinear
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.model.quant.quant_config import resolve_quant_config
-from loraplex.engine.model.weight_loader import resolve_dtype
+from loraplex.engine.model.weight_loader import check_tp_quantization, resolve_dtype
 
 DUMMY_STD = 0.02
 
@@ -26,10 +27,13 @@ def create_dummy_model(
     dtype: str | torch.dtype,
     device: torch.device,
     quantization: str | None = None,
+    tp: TensorParallel | None = None,
 ) -> tuple[LlamaForCausalLM, ModelArchConfig]:
+    """With `tp`, this rank's shard, random on its own (not a shard of the TP=1 weights)."""
     arch = ModelArchConfig.from_model_dir(model_dir)
     quant = resolve_quant_config(quantization, read_config_json(model_dir), dummy=True)
-    model = LlamaForCausalLM(arch, resolve_dtype(dtype, arch, device), device, quant)
+    check_tp_quantization(quant, tp)
+    model = LlamaForCausalLM(arch, resolve_dtype(dtype, arch, device), device, quant, tp)
     generator = torch.Generator(device).manual_seed(0)
     quantized = [m for m in model.modules() if isinstance(m, MergedLinear) and quant is not None]
     skip = {id(p) for m in quantized for name, p in m.named_parameters() if name != "bias"}

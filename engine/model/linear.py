@@ -10,6 +10,11 @@ per-projection delta into the right columns of the output.
 How the weight is held and multiplied (dense, FP8, 4-bit) is the layer's `LinearMethod`
 (`quant/`); the bias and the LoRA deltas are the same for all of them: adapters run on the
 layer's unquantized input activations.
+
+Under tensor parallelism (docs/tensor_parallel.md) a layer holds one rank's share: `shards`
+says which part of each slice's checkpoint tensor that is (rows: column-parallel; columns:
+row-parallel), and a row-parallel layer (`reduce`) sums its partial outputs over the ranks
+before adding its bias, once.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraplex.engine.distributed.sharding import ShardSpec
+from loraplex.engine.distributed.tp_group import TPGroup
 from loraplex.engine.model.forward_context import ForwardContext
 from loraplex.engine.model.quant.linear_method import LinearMethod
 from loraplex.engine.model.quant.method_factory import create_linear_method
@@ -39,14 +46,22 @@ class MergedLinear(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         quant: QuantConfig | None = None,
+        shards: tuple[ShardSpec, ...] | None = None,
+        reduce: TPGroup | None = None,
     ) -> None:
+        """`shards`: per slice, the checkpoint range this rank holds (None: all of it);
+        `reduce`: row-parallel, the group its partial outputs are summed over."""
         super().__init__()
         assert len(slice_names) == len(slice_sizes) > 0
+        assert shards is None or len(shards) == len(slice_names)
+        assert quant is None or shards is None, "quantized layers are not sharded"
         self.layer_idx = layer_idx
         self.input_size = input_size
         self.slice_names = slice_names
         self.slice_sizes = slice_sizes
         self.output_size = sum(slice_sizes)
+        self.shards = shards
+        self.reduce = reduce
         self.method = create_linear_method(quant)
         self.method.create_weights(self, dtype, device)
         self.bias: nn.Parameter | None = None
@@ -88,6 +103,9 @@ class MergedLinear(nn.Module):
         return y
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reduce is not None:  # row-parallel: partial sums, then the bias once
+            y = self.reduce.all_reduce(self.method.apply(x))
+            return y if self.bias is None else y + self.bias
         if type(self.method) is LinearMethod:  # dense: one fused GEMM + bias
             return F.linear(x, self.weight, self.bias)
         y = self.method.apply(x)

@@ -10,6 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraplex.engine.distributed.sharding import as_dim
+from loraplex.engine.distributed.tp_group import TensorParallel
+from loraplex.engine.distributed.vocab_parallel import VocabParallelEmbedding
 from loraplex.engine.model.attention import Attention
 from loraplex.engine.model.forward_context import ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
@@ -27,9 +30,12 @@ class MLP(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         quant: QuantConfig | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
+        """With `tp`: gate_up_proj column-parallel, down_proj row-parallel (one all-reduce)."""
         super().__init__()
-        inter = arch.intermediate_size
+        inter = arch.intermediate_size if tp is None else tp.layout.intermediate_size
+        shard = None if tp is None else tp.layout.intermediate_shard
         self.gate_up_proj = MergedLinear(
             layer_idx,
             arch.hidden_size,
@@ -39,6 +45,7 @@ class MLP(nn.Module):
             dtype,
             device,
             quant,
+            shards=None if shard is None else (shard, shard),
         )
         self.down_proj = MergedLinear(
             layer_idx,
@@ -49,6 +56,8 @@ class MLP(nn.Module):
             dtype,
             device,
             quant,
+            shards=None if shard is None else (as_dim(shard, 1),),
+            reduce=None if tp is None else tp.group,
         )
         self.act_fn = SiluAndMul()
 
@@ -65,13 +74,14 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         quant: QuantConfig | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
         super().__init__()
         eps = arch.rms_norm_eps
         self.input_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
-        self.self_attn = Attention(arch, layer_idx, dtype, device, quant)
+        self.self_attn = Attention(arch, layer_idx, dtype, device, quant, tp)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
-        self.mlp = MLP(arch, layer_idx, dtype, device, quant)
+        self.mlp = MLP(arch, layer_idx, dtype, device, quant, tp)
 
     def forward(
         self,
@@ -102,14 +112,19 @@ class LlamaModel(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         quant: QuantConfig | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
         super().__init__()
-        weight = torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
-        self.embed_tokens = nn.Embedding(
-            arch.vocab_size, arch.hidden_size, _weight=weight, _freeze=True
-        )  # [vocab_size, hidden_size]
+        self.embed_tokens: nn.Embedding | VocabParallelEmbedding
+        if tp is None:
+            weight = torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device)
+            self.embed_tokens = nn.Embedding(
+                arch.vocab_size, arch.hidden_size, _weight=weight, _freeze=True
+            )  # [vocab_size, hidden_size]
+        else:
+            self.embed_tokens = VocabParallelEmbedding(arch.hidden_size, tp, dtype, device)
         self.layers = nn.ModuleList(
-            DecoderLayer(arch, i, dtype, device, quant) for i in range(arch.num_hidden_layers)
+            DecoderLayer(arch, i, dtype, device, quant, tp) for i in range(arch.num_hidden_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype, device)
         self.rotary_emb = RotaryEmbedding(arch.rope, arch.head_dim, device)
@@ -135,6 +150,9 @@ class LlamaForCausalLM(nn.Module):
     `weight_loader.load_weights` (or use `weight_loader.load_model`). With `quant`, the decoder's
     linear layers hold FP8 or 4-bit weights (`quant/`); embeddings, norms and the LM head stay
     in `dtype`.
+
+    With `tp` (docs/tensor_parallel.md), this rank's shard: its heads, its intermediate
+    columns, its vocab rows (embedding and LM head); `compute_logits` gathers the vocab.
     """
 
     def __init__(
@@ -143,19 +161,22 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         quant: QuantConfig | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
         super().__init__()
         device = torch.device(device)
         self.arch = arch
         self.dtype = dtype
         self.quant = quant
-        self.model = LlamaModel(arch, dtype, device, quant)
+        self.tp = tp
+        self.model = LlamaModel(arch, dtype, device, quant, tp)
         self.lm_head: nn.Parameter | None = None
         if not arch.tie_word_embeddings:
+            vocab_rows = arch.vocab_size if tp is None else tp.layout.vocab_padded
             self.lm_head = nn.Parameter(
-                torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device),
+                torch.empty(vocab_rows, arch.hidden_size, dtype=dtype, device=device),
                 requires_grad=False,
-            )  # [vocab_size, hidden_size]
+            )  # [vocab_size (tp: this rank's padded shard), hidden_size]
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -172,5 +193,9 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [S, hidden_size] (the rows to sample from) -> logits [S, vocab_size] float32"""
-        return F.linear(hidden, self.lm_head_weight).float()
+        """hidden [S, hidden_size] (the rows to sample from) -> logits [S, vocab_size] float32
+        (under tp on every rank: each computes its vocab shard, one all-gather)"""
+        if self.tp is None:
+            return F.linear(hidden, self.lm_head_weight).float()
+        shard = F.linear(hidden, self.lm_head_weight)  # [S, vocab_padded]
+        return self.tp.group.all_gather(shard, dim=-1)[:, : self.arch.vocab_size].float()

@@ -9,17 +9,24 @@ fused projections by row range:
 Every name, shape (and, for quantized tensors, dtype) is checked before any data is copied, so
 a bad checkpoint fails fast with the offending tensor named. Quantized layers say themselves
 which tensors fill them and how (`quant/`: AWQ / GPTQ packed tensors, FP8 weights and scales).
+
+A tensor-parallel rank reads only its shard of each tensor (`WeightTarget.shard`, through
+safetensors' sliced reads): no rank ever holds the whole model.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
+from loraplex.engine.distributed.sharding import ShardSpec
+from loraplex.engine.distributed.tp_group import TensorParallel
+from loraplex.engine.errors import ConfigError
 from loraplex.engine.model.hf_config import (
     ModelArchConfig,
     ModelLoadError,
@@ -39,6 +46,17 @@ DTYPES: dict[str, torch.dtype] = {
 }
 _INDEX_FILE = "model.safetensors.index.json"
 _MAX_NAMES_IN_ERROR = 8
+
+
+def check_tp_quantization(quant: object, tp: TensorParallel | int | None) -> None:
+    """ConfigError for a quantized base under tensor parallelism (`tp`: the share, or the
+    tensor_parallel_size), not built yet."""
+    sharded = tp is not None and tp != 1
+    if quant is not None and sharded:
+        raise ConfigError(
+            "tensor_parallel_size > 1 does not support quantized bases yet "
+            "(the checkpoint or the quantization option names one)"
+        )
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -88,24 +106,52 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
 def checkpoint_targets(model: LlamaForCausalLM) -> dict[str, WeightTarget]:
     """Checkpoint tensor name -> what it must look like and what it fills (a parameter, a row
     range of a fused one, or a quantized layer's conversion)."""
-    tensors: dict[str, torch.Tensor] = {
-        "model.embed_tokens.weight": model.model.embed_tokens.weight
-    }
-    if model.lm_head is not None:
-        tensors["lm_head.weight"] = model.lm_head
+    tensors: dict[str, torch.Tensor] = {}
     targets: dict[str, WeightTarget] = {}
+    vocab = {"model.embed_tokens.weight": model.model.embed_tokens.weight}
+    if model.lm_head is not None:
+        vocab["lm_head.weight"] = model.lm_head
+    if model.tp is None:
+        tensors.update(vocab)
+    else:
+        shard = model.tp.layout.vocab_shard
+        targets.update((name, WeightTarget.of_shard(t, shard)) for name, t in vocab.items())
     for name, module in model.named_modules():
         if isinstance(module, RMSNorm):
             tensors[f"{name}.weight"] = module.weight
         elif isinstance(module, MergedLinear):
             parent = name.rsplit(".", 1)[0]
             targets.update(module.method.checkpoint_targets(module, parent))
-            for slice_name in module.slice_names:
-                start, size = module.slice_range(slice_name)
-                if module.bias is not None:
-                    tensors[f"{parent}.{slice_name}.bias"] = module.bias[start : start + size]
+            if module.bias is not None:
+                targets.update(_bias_targets(module, parent))
     targets.update((name, WeightTarget.of_tensor(t)) for name, t in tensors.items())
     return targets
+
+
+def _bias_targets(module: MergedLinear, parent: str) -> dict[str, WeightTarget]:
+    """Per slice; column-parallel biases are sharded with their rows, row-parallel ones are
+    whole (added once, after the all-reduce)."""
+    assert module.bias is not None
+    targets = {}
+    for i, slice_name in enumerate(module.slice_names):
+        start, size = module.slice_range(slice_name)
+        view = module.bias[start : start + size]
+        shard = None if module.shards is None else module.shards[i]
+        name = f"{parent}.{slice_name}.bias"
+        if shard is None or shard.dim != 0:
+            targets[name] = WeightTarget.of_tensor(view)
+        else:
+            targets[name] = WeightTarget.of_shard(view, shard)
+    return targets
+
+
+def _read(f: Any, name: str, shard: ShardSpec | None) -> torch.Tensor:
+    """The whole tensor, or only the shard's rows / columns (read from the file as such)."""
+    if shard is None:
+        return f.get_tensor(name)
+    part = f.get_slice(name)
+    end = shard.start + shard.size
+    return part[shard.start : end] if shard.dim == 0 else part[:, shard.start : end]
 
 
 def _is_ignored(name: str, arch: ModelArchConfig) -> bool:
@@ -164,7 +210,8 @@ def load_weights(model: LlamaForCausalLM, model_dir: str | Path) -> None:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118
                 if not _is_ignored(name, model.arch):
-                    targets[name].load(f.get_tensor(name))
+                    target = targets[name]
+                    target.load(_read(f, name, target.shard))
     for module in model.modules():
         if isinstance(module, MergedLinear):
             module.method.finish_loading(module)
@@ -175,13 +222,18 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "auto",
     quantization: str | None = None,
+    tp: TensorParallel | None = None,
 ) -> tuple[LlamaForCausalLM, ModelArchConfig]:
     """Build the model for a checkpoint directory and load its weights; eval mode.
-    `quantization`: "fp8" | "awq" | "gptq" | None (the checkpoint's quantization_config)."""
+    `quantization`: "fp8" | "awq" | "gptq" | None (the checkpoint's quantization_config).
+    `tp`: build and load only this rank's shard."""
     root = validate_model_dir(model_dir)
     arch = ModelArchConfig.from_model_dir(root)
     quant = resolve_quant_config(quantization, read_config_json(root))
+    check_tp_quantization(quant, tp)
     torch_device = resolve_device(device)
-    model = LlamaForCausalLM(arch, resolve_dtype(dtype, arch, torch_device), torch_device, quant)
+    model = LlamaForCausalLM(
+        arch, resolve_dtype(dtype, arch, torch_device), torch_device, quant, tp
+    )
     load_weights(model, root)
     return model.eval(), arch

@@ -1,6 +1,8 @@
 """ModelRunner: owns the model, the KV cache tensors and the sampler; runs one step.
 
 It never decides who runs: it executes a `SchedulerOutput` and returns sampled tokens.
+Under tensor parallelism every rank has one, built with its `TensorParallel` share (its
+shard of the weights and of the KV heads); rank 0's samples (engine/distributed/).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import torch
 
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.distributed.tp_group import TensorParallel
 from loraplex.engine.lora.lora_batch import LoRABatch
 from loraplex.engine.lora.lora_manager import LoRAManager
 from loraplex.engine.model.dummy_weights import create_dummy_model
@@ -20,7 +23,7 @@ from loraplex.engine.runner.cuda_graph import CUDAGraphRunner
 from loraplex.engine.runner.input_batch import ModelInputs, prepare_inputs
 from loraplex.engine.sampler import Sampler
 from loraplex.engine.sampling_metadata import SamplingMetadata, create_generator
-from loraplex.engine.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from loraplex.engine.scheduler.output import BlockCopies, ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -36,18 +39,26 @@ def resolve_device(device: str) -> torch.device:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
+        """`tp`: this rank's share of a tensor-parallel model (None: the whole model)."""
         self.config = config
+        self.tp = tp
         self.device = resolve_device(config.model.device)
+        if tp is not None and self.device.type == "cuda":
+            self.device = torch.device("cuda", tp.group.rank)
+            torch.cuda.set_device(self.device)  # the current device is per thread
         torch.manual_seed(config.model.seed)
-        if config.model.load_format == "dummy":
+        model = config.model
+        if model.load_format == "dummy":
             self.model, self.arch = create_dummy_model(
-                config.model.model, config.model.dtype, self.device, config.model.quantization
+                model.model, model.dtype, self.device, model.quantization, tp
             )
         else:
             self.model, self.arch = load_model(
-                config.model.model, config.model.dtype, self.device, config.model.quantization
+                model.model, model.dtype, self.device, model.quantization, tp
             )
+        # KV heads in this rank's cache (all of them without tensor parallelism).
+        self.num_kv_heads = self.arch.num_key_value_heads if tp is None else tp.layout.num_kv_heads
         self.dtype = self.model.dtype  # activations and KV cache (weights may be quantized)
         self.block_size = config.cache.block_size
         # The KV cache (see initialize_kv_cache) and its CPU twin for swapped-out requests.
@@ -59,8 +70,9 @@ class ModelRunner:
         self.cuda_graphs: CUDAGraphRunner | None = None
 
     def capture_cuda_graphs(self, max_model_len: int, lora_manager: LoRAManager | None) -> None:
-        """Capture decode graphs (CUDA only, unless enforce_eager), once the KV cache exists."""
-        if self.device.type != "cuda" or self.config.model.enforce_eager:
+        """Capture decode graphs (CUDA only, unless enforce_eager; not yet under tensor
+        parallelism), once the KV cache exists."""
+        if self.device.type != "cuda" or self.config.model.enforce_eager or self.tp is not None:
             return
         self.cuda_graphs = CUDAGraphRunner(
             self.model,
@@ -77,7 +89,7 @@ class ModelRunner:
     @property
     def kv_bytes_per_block(self) -> int:
         arch = self.arch
-        per_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim
+        per_token = 2 * arch.num_hidden_layers * self.num_kv_heads * arch.head_dim
         return per_token * self.block_size * self.dtype.itemsize
 
     def determine_num_blocks(self, max_useful_blocks: int) -> int:
@@ -131,7 +143,7 @@ class ModelRunner:
     def _kv_shape(self, num_blocks: int) -> tuple[int, ...]:
         arch = self.arch
         return (
-            arch.num_hidden_layers, num_blocks, 2, self.block_size, arch.num_key_value_heads,
+            arch.num_hidden_layers, num_blocks, 2, self.block_size, self.num_kv_heads,
             arch.head_dim,
         )  # fmt: skip
 
@@ -192,22 +204,33 @@ class ModelRunner:
         `lora`, this step's adapter mapping, from LoRAManager.prepare) and sampling."""
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
-        # Swap-outs first: their GPU blocks may be handed to others in this very step.
-        self._copy_blocks(self.kv_cache, self.cpu_kv_cache, scheduler_output.blocks_to_swap_out)
-        self._copy_blocks(self.cpu_kv_cache, self.kv_cache, scheduler_output.blocks_to_swap_in)
-        self._copy_blocks(self.kv_cache, self.kv_cache, scheduler_output.blocks_to_copy)
+        self.copy_blocks(scheduler_output.block_copies)
         if not scheduler_output.scheduled:
             return ModelRunnerOutput()
         inputs = prepare_inputs(scheduler_output.scheduled, self.block_size, self.device)
+        logits = self.forward(inputs, lora)
+        if logits is None:
+            return ModelRunnerOutput()
+        return self._sample(logits, inputs)
+
+    def copy_blocks(self, block_copies: BlockCopies) -> None:
+        """The step's swap-outs, swap-ins and copy-on-write copies, in that order."""
+        swap_out, swap_in, copy = block_copies
+        # Swap-outs first: their GPU blocks may be handed to others in this very step.
+        self._copy_blocks(self.kv_cache, self.cpu_kv_cache, swap_out)
+        self._copy_blocks(self.cpu_kv_cache, self.kv_cache, swap_in)
+        self._copy_blocks(self.kv_cache, self.kv_cache, copy)
+
+    def forward(self, inputs: ModelInputs, lora: LoRABatch | None = None) -> torch.Tensor | None:
+        """The forward pass -> the sampled rows' logits [num_sample, vocab] (None: no row)."""
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(inputs):
             hidden = self.cuda_graphs.run(inputs, lora)  # [num_tokens, hidden]
         else:
             ctx = ForwardContext(attn=inputs.attn, kv_caches=self.kv_caches, lora=lora)
             hidden = self.model(inputs.input_ids, inputs.positions, ctx)
-        if not inputs.sample_requests:
-            return ModelRunnerOutput()
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sample, vocab]
-        return self._sample(logits, inputs)
+        if inputs.logits_indices.numel() == 0:
+            return None
+        return self.model.compute_logits(hidden[inputs.logits_indices])
 
     def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> ModelRunnerOutput:
         requests = [item.request for item in inputs.sample_requests]
@@ -227,6 +250,12 @@ class ModelRunner:
             if row_logprobs is not None and request.sampling_params.logprobs is not None:
                 output.logprobs[request.request_id] = row_logprobs
         return output
+
+    def initialize_lora(self, lora_manager: LoRAManager | None) -> None:
+        """Once the LoRA manager exists (tensor parallelism: the workers' adapter tables)."""
+
+    def shutdown(self) -> None:
+        """Release what outlives the runner (tensor parallelism: its workers); here nothing."""
 
     def _generator_for(self, request_id: str, seed: int | None) -> torch.Generator | None:
         if seed is None:

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from loraplex.engine.request import Logprob, Request
 
+BlockPairs = list[tuple[int, int]]
+# (swap-outs, swap-ins, copies): the KV block copies of one step, made in that order.
+BlockCopies = tuple[BlockPairs, BlockPairs, BlockPairs]
+
 
 @dataclass
 class ScheduledRequest:
@@ -35,6 +39,10 @@ class SchedulerOutput:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     # Copy-on-write (src gpu block, dst gpu block) pairs, made after the swaps.
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def block_copies(self) -> BlockCopies:
+        return self.blocks_to_swap_out, self.blocks_to_swap_in, self.blocks_to_copy
 
     @property
     def is_empty(self) -> bool:

@@ -64,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
         help="quantized base: fp8 (online or an FP8 checkpoint), awq, gptq (default: "
         "LORAPLEX_QUANTIZATION, else the checkpoint's quantization_config)",
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        metavar="N",
+        help="shard the model over N GPUs, one worker process each (default: "
+        "LORAPLEX_TENSOR_PARALLEL_SIZE, 1)",
+    )
     p.set_defaults(handler="serve.serve")
 
     p = sub.add_parser("db", help="database migrations", description="Database migrations.")

@@ -54,6 +54,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
+    if args.tensor_parallel_size is not None:
+        overrides["tensor_parallel_size"] = args.tensor_parallel_size
     if args.demo:  # the demo model lives in the cache directory that the settings name
         overrides["model"] = str(ensure_demo_checkpoint(Settings(**overrides).cache_dir))
     return Settings(**overrides)

@@ -73,3 +73,17 @@ def test_quantization_reaches_the_engine_from_env_and_cli(
     monkeypatch.setenv("LORAPLEX_QUANTIZATION", "int8")
     with pytest.raises(ValidationError):
         Settings(data_dir=tmp_path)
+
+
+def test_tensor_parallel_size_reaches_the_engine_from_env_and_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LORAPLEX_TENSOR_PARALLEL_SIZE", raising=False)
+    assert Settings(data_dir=tmp_path).engine_kwargs()["tensor_parallel_size"] == 1
+    monkeypatch.setenv("LORAPLEX_TENSOR_PARALLEL_SIZE", "4")
+    assert Settings(data_dir=tmp_path).engine_kwargs()["tensor_parallel_size"] == 4
+    args = _parser().parse_args(["serve", "--model", str(tmp_path), "--tensor-parallel-size", "2"])
+    assert _settings(args).engine_kwargs()["tensor_parallel_size"] == 2
+    monkeypatch.setenv("LORAPLEX_TENSOR_PARALLEL_SIZE", "0")
+    with pytest.raises(ValidationError):
+        Settings(data_dir=tmp_path)

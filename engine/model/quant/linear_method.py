@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraplex.engine.distributed.sharding import ShardSpec
+
 if TYPE_CHECKING:  # the layer imports this module; the method only reads the layer's sizes
     from loraplex.engine.model.linear import MergedLinear
 
@@ -35,11 +37,22 @@ class WeightTarget:
     load: Loader
     dtypes: tuple[str, ...] | None = None
     optional: bool = False
+    # Tensor parallelism: only this range of the checkpoint tensor is read and loaded.
+    shard: ShardSpec | None = None
 
     @classmethod
     def of_tensor(cls, target: torch.Tensor) -> WeightTarget:
         """A tensor (or a view of one) filled by copying, dtype converted."""
         return cls(shapes=(tuple(target.shape),), load=target.copy_)
+
+    @classmethod
+    def of_shard(cls, target: torch.Tensor, shard: ShardSpec) -> WeightTarget:
+        """`target` (a rank's share, maybe zero-padded past the shard) filled from `shard` of
+        a checkpoint tensor of the full shape."""
+        shape = list(target.shape)
+        shape[shard.dim] = shard.full
+        dest = target.narrow(shard.dim, 0, shard.size)
+        return cls(shapes=(tuple(shape),), load=dest.copy_, shard=shard)
 
 
 def register(
@@ -63,10 +76,14 @@ class LinearMethod:
         """Checkpoint name -> target, for the layer's slices under `prefix` (e.g.
         "model.layers.0.self_attn"); the bias is the layer's own."""
         targets = {}
-        for name in layer.slice_names:
+        for i, name in enumerate(layer.slice_names):
             start, size = layer.slice_range(name)
             view = self.weight[start : start + size]
-            targets[f"{prefix}.{name}.weight"] = WeightTarget.of_tensor(view)
+            targets[f"{prefix}.{name}.weight"] = (
+                WeightTarget.of_tensor(view)
+                if layer.shards is None
+                else WeightTarget.of_shard(view, layer.shards[i])
+            )
         return targets
 
     def finish_loading(self, layer: MergedLinear) -> None:
