@@ -28,6 +28,11 @@ _EXPORTS = {
     "LoRARequest": "request",
     "RequestOutput": "request",
     "RequestTooLongError": "errors",
+    "AdapterRemovedError": "errors",
+    "ChatTemplateError": "errors",
+    "ModelLoadError": "errors",
+    "QuantizationError": "errors",
+    "UnsupportedModelError": "errors",
     "SamplingParams": "request",
 }
 

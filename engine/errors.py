@@ -40,6 +40,23 @@ class AdapterRemovedError(LookupError):
     request's load could read them: like a request naming an unknown adapter, not a fault."""
 
 
+class ChatTemplateError(ValueError):
+    """The checkpoint has no chat template, or the messages do not fit it."""
+
+
+class ModelLoadError(RuntimeError):
+    """The checkpoint directory is missing a file, or a file is malformed."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The checkpoint is of an architecture (or uses a feature) Loraplex does not implement."""
+
+
+class QuantizationError(ModelLoadError):
+    """The quantization option or the checkpoint's quantization_config is unsupported or
+    inconsistent with the checkpoint's tensors."""
+
+
 class EngineDeadError(RuntimeError):
     """The engine thread stopped; no request can be served."""
 

@@ -21,7 +21,7 @@ import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken
 
-from loraplex.engine.model.hf_config import ModelLoadError
+from loraplex.engine.errors import ChatTemplateError, ModelLoadError
 
 _NAMED_SPECIAL_TOKENS = (
     "bos_token",
@@ -36,10 +36,6 @@ _NAMED_SPECIAL_TOKENS = (
 # (enough for a multi-byte character or a leading-space marker).
 _INITIAL_DETOKENIZATION_OFFSET = 5
 _REPLACEMENT_CHAR = "\ufffd"
-
-
-class ChatTemplateError(ValueError):
-    """The checkpoint has no chat template, or the messages do not fit it."""
 
 
 def _read_json(path: Path) -> dict[str, Any]:

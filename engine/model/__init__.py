@@ -1,12 +1,11 @@
 """The Llama-family model (Llama, Mistral, Qwen2), its config and its weight loader."""
 
+from loraplex.engine.errors import ModelLoadError, UnsupportedModelError
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext, LoRAApplier
 from loraplex.engine.model.hf_config import (
     SUPPORTED_ARCHITECTURES,
     ModelArchConfig,
-    ModelLoadError,
     RopeConfig,
-    UnsupportedModelError,
     validate_model_dir,
 )
 from loraplex.engine.model.linear import MergedLinear

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loraplex.engine.errors import ModelLoadError, UnsupportedModelError
+
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -20,14 +22,6 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
 # "dynamic" NTK only rescales past max_position_embeddings, so within it it is the default rope.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 _DTYPE_NAMES = ("float32", "float16", "bfloat16")
-
-
-class ModelLoadError(RuntimeError):
-    """The checkpoint directory is missing a file, or a file is malformed."""
-
-
-class UnsupportedModelError(ModelLoadError):
-    """The checkpoint is of an architecture (or uses a feature) Loraplex does not implement."""
 
 
 @dataclass(frozen=True)

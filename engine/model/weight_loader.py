@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from loraplex.engine.distributed.sharding import ShardSpec
 from loraplex.engine.distributed.tp_group import TensorParallel
-from loraplex.engine.errors import ConfigError
+from loraplex.engine.errors import ConfigError, QuantizationError
 from loraplex.engine.model.hf_config import (
     ModelArchConfig,
     ModelLoadError,
@@ -37,7 +37,7 @@ from loraplex.engine.model.layers import RMSNorm
 from loraplex.engine.model.linear import MergedLinear
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.model.quant.linear_method import WeightTarget
-from loraplex.engine.model.quant.quant_config import QuantizationError, resolve_quant_config
+from loraplex.engine.model.quant.quant_config import resolve_quant_config
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

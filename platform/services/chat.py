@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
+from loraplex.engine.errors import ChatTemplateError
 from loraplex.engine.request import MAX_LOGPROBS
-from loraplex.engine.tokenizer import ChatTemplateError
 from loraplex.platform.auth import TenantContext
 from loraplex.platform.errors import InvalidRequestError
 from loraplex.platform.schemas import ChatCompletionRequest

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from loraplex.engine.config import ModelConfig
-from loraplex.engine.errors import ConfigError
-from loraplex.engine.model.hf_config import ModelLoadError
+from loraplex.engine.errors import ConfigError, ModelLoadError
 from loraplex.engine.model.quant import (
     Fp8Config,
     Int4Config,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from loraplex.engine.errors import QuantizationError
 from loraplex.engine.model.quant.linear_method import (
     DUMMY_STD,
     LinearMethod,
@@ -26,7 +27,7 @@ from loraplex.engine.model.quant.linear_method import (
     WeightTarget,
     register,
 )
-from loraplex.engine.model.quant.quant_config import Fp8Config, QuantizationError
+from loraplex.engine.model.quant.quant_config import Fp8Config
 from loraplex.kernels import fp8_scaled_mm
 from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, quantize_fp8_per_token
 

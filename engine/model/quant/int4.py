@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from loraplex.engine.errors import QuantizationError
 from loraplex.engine.model.quant.int4_layout import (
     PACK_FACTOR,
     gptq_zeros,
@@ -33,7 +34,7 @@ from loraplex.engine.model.quant.linear_method import (
     WeightTarget,
     register,
 )
-from loraplex.engine.model.quant.quant_config import Int4Config, QuantizationError
+from loraplex.engine.model.quant.quant_config import Int4Config
 from loraplex.kernels import w4a16_gemm
 
 if TYPE_CHECKING:

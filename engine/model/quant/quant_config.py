@@ -19,18 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from loraplex.engine.model.hf_config import ModelLoadError
+from loraplex.engine.errors import QuantizationError
 
 QuantMethod = Literal["fp8", "awq", "gptq"]
 QUANT_METHODS: tuple[str, ...] = ("fp8", "awq", "gptq")
 FP8_CHECKPOINT_METHODS = ("fp8", "compressed-tensors")
 SUPPORTED_BITS = 4
 DEFAULT_INT4_GROUP_SIZE = 128  # for `load_format="dummy"` 4-bit models (benchmarks)
-
-
-class QuantizationError(ModelLoadError):
-    """The quantization option or the checkpoint's quantization_config is unsupported or
-    inconsistent with the checkpoint's tensors."""
 
 
 @dataclass(frozen=True)
