@@ -13,11 +13,12 @@ import torch
 
 from loraplex.engine.config import EngineConfig
 from loraplex.engine.distributed.tp_group import TensorParallel
+from loraplex.engine.errors import ConfigError
 from loraplex.engine.lora.lora_batch import LoRABatch
 from loraplex.engine.lora.lora_manager import LoRAManager
 from loraplex.engine.model.dummy_weights import create_dummy_model
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
-from loraplex.engine.model.weight_loader import load_model
+from loraplex.engine.model.weight_loader import load_model, resolve_device
 from loraplex.engine.request import Request
 from loraplex.engine.runner.cuda_graph import CUDAGraphRunner
 from loraplex.engine.runner.input_batch import ModelInputs, prepare_inputs
@@ -30,20 +31,14 @@ logger = logging.getLogger(__name__)
 GiB = 1 << 30
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' was asked for, but no CUDA device is available")
-    return torch.device(device)
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
         """`tp`: this rank's share of a tensor-parallel model (None: the whole model)."""
         self.config = config
         self.tp = tp
         self.device = resolve_device(config.model.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device={config.model.device!r}: no CUDA device is available")
         if tp is not None and self.device.type == "cuda":
             self.device = torch.device("cuda", tp.group.rank)
             torch.cuda.set_device(self.device)  # the current device is per thread

@@ -3,8 +3,12 @@ chosen by device when not given."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import torch
+
+from loraplex.engine import LLM
 from loraplex.engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from loraplex.engine.engine_args import create_engine_config
 from loraplex.engine.errors import ConfigError
@@ -28,3 +32,9 @@ def test_keywords_reach_their_sections_and_unknown_ones_are_refused() -> None:
     assert config.scheduler.max_num_seqs == 3 and config.model.model == "m"
     with pytest.raises(ConfigError, match="unknown engine argument"):
         create_engine_config("m", max_num_batched_tokenz=5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_cuda_on_a_machine_without_it_is_a_config_error(llama_checkpoint: Path) -> None:
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        LLM(str(llama_checkpoint), device="cuda")
