@@ -25,16 +25,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from loraplex.engine.config import SchedulerConfig
 from loraplex.engine.errors import InvalidParameterError, RequestTooLongError
 from loraplex.engine.kv_cache import KVCacheBlock, KVCacheManager
 from loraplex.engine.kv_cache.kv_cache_manager import cdiv
-from loraplex.engine.request import (
-    Request,
-    RequestStatus,
-)
+from loraplex.engine.request import Request, RequestStatus
+from loraplex.engine.scheduler.adapter_gate import AdapterGate
 from loraplex.engine.scheduler.fairness import VirtualTokenCounter
 from loraplex.engine.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from loraplex.engine.scheduler.request_queue import WaitingQueue, priority_key
@@ -42,26 +39,6 @@ from loraplex.engine.scheduler.request_queue import WaitingQueue, priority_key
 # How many steps a request may be passed over, with its adapter not loading, before admission
 # stops for everyone behind it (bounds its wait; see the module docstring).
 LORA_MAX_SKIP_STEPS = 8
-
-
-class AdapterGate(Protocol):
-    """What the scheduler asks of the LoRA manager (pure bookkeeping, no tensors)."""
-
-    def is_ready(self, request: Request) -> bool:
-        """No adapter, or the request's adapter is ready on the GPU."""
-        ...
-
-    def is_loading(self, request: Request) -> bool:
-        """The request's adapter is on its way (read from disk or copied to the GPU now)."""
-        ...
-
-    def on_scheduled(self, request: Request) -> None:
-        """The request runs from this step on: its adapter must stay on the GPU."""
-        ...
-
-    def on_descheduled(self, request: Request) -> None:
-        """The request stopped running (finished, aborted or preempted)."""
-        ...
 
 
 @dataclass
