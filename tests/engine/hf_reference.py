@@ -56,6 +56,8 @@ def hf_greedy_on(
                 attention_mask=torch.ones_like(ids),
                 do_sample=False,
                 max_new_tokens=max_tokens,
+                # Bans EOS at every step; the engine side asks for the same with
+                # min_tokens=max_tokens (ignore_eos would let it pick EOS where HF cannot).
                 min_new_tokens=max_tokens,
                 pad_token_id=0,
                 **kwargs,

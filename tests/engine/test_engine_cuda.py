@@ -90,7 +90,7 @@ def test_engine_on_cuda_matches_hf(
     llm = LLM(str(base), device="cuda", dtype="float32", **kwargs)
     ids = {name: i + 1 for i, name in enumerate(adapter_dirs)}
     loras = [None if n is None else LoRARequest(n, ids[n], str(adapter_dirs[n])) for n in names]
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, temperature=0.0)
     outs = llm.generate(
         [{"prompt_token_ids": p} for p in prompts], params, lora_request=loras, use_tqdm=False
     )

@@ -27,7 +27,7 @@ def make_prompts(seed: int = 0) -> list[list[int]]:
 def run_engine(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     """Generate step by step, checking the KV bookkeeping after every step."""
     engine = llm.engine
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, temperature=0.0)
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
     results: dict[str, list[int]] = {}

@@ -64,7 +64,7 @@ def test_mixed_adapter_batches_match_peft(setup, settings):
     )
     ids = {name: i + 1 for i, name in enumerate(names)}
     requests = [None if n is None else LoRARequest(n, ids[n], str(adapter_dirs[n])) for n in plan]
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, temperature=0.0)
     outs = llm.generate(
         [{"prompt_token_ids": p} for p in prompts], params, lora_request=requests, use_tqdm=False
     )

@@ -33,7 +33,7 @@ MAX_TOKENS = 8
 
 
 def generate(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, temperature=0.0)
     base = engine.num_steps
     for i, prompt in enumerate(prompts):
         engine.add_request(f"{base}-{i}", {"prompt_token_ids": prompt}, params)
@@ -77,7 +77,7 @@ def test_tp2_serves_a_second_batch_and_the_offline_api(model: tuple[str, Path, L
     name, checkpoint, llm = model
     prompts = make_prompts()[:3]
     expected = hf_greedy(checkpoint, prompts, MAX_TOKENS)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, temperature=0.0)
     requests = [{"prompt_token_ids": p} for p in prompts]
     outputs = llm.generate(requests, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected

@@ -63,7 +63,7 @@ def run(
 ) -> list[list[int]]:
     ids = {name: i + 1 for i, name in enumerate(ADAPTERS)}
     requests = [None if n is None else LoRARequest(n, ids[n], str(dirs[n])) for n in plan]
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, temperature=0.0)
     outs = llm.generate(
         [{"prompt_token_ids": p} for p in prompts], params, lora_request=requests, use_tqdm=False
     )
