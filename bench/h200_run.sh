@@ -32,6 +32,14 @@ if sources(installed) != sources(pathlib.Path(".")):
     sys.exit(f"{installed} differs from this checkout's engine/ and kernels/: rebuild the wheel")
 EOF
 
+# The server's dependencies from `make server-wheels`, carried in .whl/deps: the `serve` step
+# needs them, and so do the tests (tests/conftest.py builds checkpoints with the platform's code).
+if [ -d .whl/deps ]; then
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-index --find-links .whl/deps \
+    fastapi 'uvicorn[standard]' sqlalchemy alembic pydantic-settings 'pyjwt[crypto]' \
+    prometheus-client python-multipart openai redis 'psycopg[binary]' || exit 2
+fi
+
 # Per-step limits keep `env gpu-tests kernels tput` under 10 minutes. SIGINT first: pytest then
 # still prints its summary of what ran.
 limit() { timeout -s INT -k 15 "$@"; }
@@ -54,25 +62,25 @@ for step in $steps; do
             --adapters "${MANY_ADAPTERS:-0,8,64,256,1024}" --rounds "${ROUNDS:-3}" \
             --json "$OUT/many_adapters.json" ${MANY_ARGS:-} 2>&1 | grep -v Loading \
             | tee "$OUT/many_adapters.txt";;
-    serve) # the server's dependencies from `make server-wheels` (carried in .whl/deps)
-           PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-index --find-links .whl/deps \
-             fastapi 'uvicorn[standard]' sqlalchemy alembic pydantic-settings 'pyjwt[crypto]' \
-             prometheus-client python-multipart openai redis 'psycopg[binary]' || exit 2
+    serve) [ -d .whl/deps ] || { echo "no .whl/deps: run 'make server-wheels'" >&2; false; } &&
            limit ${SERVE_TIMEOUT:-540} python3 bench/serve_bench.py --shape llama3-8b \
              --json "$OUT/serve.json" ${SERVE_ARGS:-} 2>&1 | grep -v Loading | tee "$OUT/serve.txt";;
     quant) # bf16 vs FP8 vs AWQ-4bit (random weights at the Llama-3-8B shape, 0 and 8 adapters):
            # W1 (512 x 512/128) and decode-heavy (64 x 128/512); each run reports weights bytes.
-           # Not timed yet: if the three do not fit one 10-minute command, split by QUANTS=fp8 etc.
+           # The six runs do not fit one 10-minute command: choose with QUANTS (none fp8 awq) and
+           # QUANT_RUNS (w1 decode), adapter counts with QUANT_ADAPTERS.
            qfail=0
            for q in ${QUANTS:-none fp8 awq}; do
-             limit ${QUANT_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
+             [[ " ${QUANT_RUNS:-w1 decode} " == *" w1 "* ]] && { limit ${QUANT_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
                --device cuda --quantization "$q" --skip-hf --num-prompts 512 --min-prompt 512 \
-               --max-prompt 512 --output-len 128 --adapters 0,8 --json "$OUT/quant_w1_$q.json" \
-               ${QUANT_ARGS:-} 2>&1 | grep -v Loading | tee "$OUT/quant_w1_$q.txt" || qfail=1
-             limit ${QUANT_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
+               --max-prompt 512 --output-len 128 --adapters "${QUANT_ADAPTERS:-0,8}" --skip-breakdown \
+               --json "$OUT/quant_w1_$q.json" ${QUANT_ARGS:-} 2>&1 | grep -v Loading \
+               | tee "$OUT/quant_w1_$q.txt" || qfail=1; }
+             [[ " ${QUANT_RUNS:-w1 decode} " == *" decode "* ]] && { limit ${QUANT_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
                --device cuda --quantization "$q" --skip-hf --num-prompts 64 --min-prompt 128 \
-               --max-prompt 128 --output-len 512 --adapters 0,8 --json "$OUT/quant_decode_$q.json" \
-               ${QUANT_ARGS:-} 2>&1 | grep -v Loading | tee "$OUT/quant_decode_$q.txt" || qfail=1
+               --max-prompt 128 --output-len 512 --adapters "${QUANT_ADAPTERS:-0,8}" \
+               --json "$OUT/quant_decode_$q.json" ${QUANT_ARGS:-} 2>&1 | grep -v Loading \
+               | tee "$OUT/quant_decode_$q.txt" || qfail=1; }
            done
            [ $qfail -eq 0 ];;
     tp) # tensor parallelism (needs nvidia-h200-x2; not run yet): the Llama-3-8B shape at TP=1

@@ -200,6 +200,11 @@ def main() -> None:
     )
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument(
+        "--skip-breakdown",
+        action="store_true",
+        help="no per-step breakdown run after the timed rounds (saves one run per count)",
+    )
+    ap.add_argument(
         "--quantization",
         choices=["none", "fp8", "awq", "gptq"],
         default="none",
@@ -308,7 +313,7 @@ def main() -> None:
             llm, prompts, args.output_len, workloads[count], args.device, warm_up=not timings[count]
         )
         timings[count].append(seconds)
-        if count in order[i + 1 :]:
+        if count in order[i + 1 :] or args.skip_breakdown:
             continue
         # This count's last round: its per-step breakdown, while its adapters are resident.
         profile = cProfile.Profile() if args.decode_profile else None
@@ -326,7 +331,7 @@ def main() -> None:
         seconds = statistics.median(timings[count])
         tok_s = num_out / seconds
         base_tok_s = base_tok_s or tok_s
-        breakdown = breakdowns[count]
+        breakdown = breakdowns.get(count, {})
         if args.torch_profile:
             from torch.profiler import ProfilerActivity, profile
 
@@ -357,12 +362,13 @@ def main() -> None:
         if args.repeats > 1:
             rounds = ", ".join(f"{num_out / t:.0f}" for t in timings[count])
             print(f"    median of {args.repeats} rounds (tok/s each: {rounds})", flush=True)
-        print(
-            f"    steps: {breakdown['prefill_steps']} with prefill "
-            f"({breakdown['prefill_s']:.2f} s), {breakdown['decode_steps']} decode-only "
-            f"({breakdown['decode_step_ms']:.2f} ms each)",
-            flush=True,
-        )
+        if breakdown:
+            print(
+                f"    steps: {breakdown['prefill_steps']} with prefill "
+                f"({breakdown['prefill_s']:.2f} s), {breakdown['decode_steps']} decode-only "
+                f"({breakdown['decode_step_ms']:.2f} ms each)",
+                flush=True,
+            )
     results["engine_stats"] = dataclasses.asdict(llm.engine.get_stats())
     if args.device == "cuda":
         results["gpu_peak_bytes_rank0"] = torch.cuda.max_memory_allocated()

@@ -194,6 +194,9 @@ def main() -> None:
         while not _ready(base_url):
             assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
             time.sleep(1)
+        # Warm-up, not reported: compiles the server's kernels for every adapter.
+        warm = random_prompts(2 * len(models), 16, 64, config["vocab_size"], seed=1000)
+        asyncio.run(run_rate(base_url, key[0], models, warm, math.inf, 8, seed=1000))
         for i, rate in enumerate(float(r) for r in args.rates.split(",")):
             prompts = random_prompts(
                 args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=i

@@ -1,5 +1,6 @@
 """Triton kernels (the CUDA fast path); same signatures as `loraplex.kernels.reference`."""
 
+from loraplex.kernels.triton.fp8_quant import quantize_fp8_per_token
 from loraplex.kernels.triton.lora_expand import lora_expand
 from loraplex.kernels.triton.lora_shrink import lora_shrink
 from loraplex.kernels.triton.paged_attention import paged_attention
@@ -15,6 +16,7 @@ __all__ = [
     "lora_expand",
     "lora_shrink",
     "paged_attention",
+    "quantize_fp8_per_token",
     "reshape_and_cache",
     "rms_norm",
     "silu_and_mul",

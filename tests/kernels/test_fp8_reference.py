@@ -66,3 +66,24 @@ def test_scaled_mm_on_cuda_matches_the_reference(m: int) -> None:
     expected = reference.fp8_scaled_mm(x_fp8, x_scale, w_fp8, w_scale, torch.bfloat16)
     # Same products, summed in another order and rounded once to bf16.
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("k", [16, 100, 4096, 14336])
+def test_triton_per_token_quantization_equals_the_reference(dtype: torch.dtype, k: int) -> None:
+    from loraplex.kernels import triton as triton_kernels
+
+    x = torch.randn(37, k, device="cuda") * torch.logspace(-3, 3, 37, device="cuda")[:, None]
+    x[5] = 0.0  # an all-zero row keeps the minimum scale and zeros
+    x = x.to(dtype)
+    x_fp8, scale = triton_kernels.quantize_fp8_per_token(x)
+    want_fp8, want_scale = reference.quantize_fp8_per_token(x)
+    assert x_fp8.dtype == torch.float8_e4m3fn and scale.shape == (37, 1)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(x_fp8.view(torch.uint8), want_fp8.view(torch.uint8))
+    strided = torch.randn(8, 2 * k, device="cuda", dtype=dtype)[:, :k]  # rows k apart, not dense
+    got, _ = triton_kernels.quantize_fp8_per_token(strided)
+    assert torch.equal(
+        got.view(torch.uint8), reference.quantize_fp8_per_token(strided)[0].view(torch.uint8)
+    )

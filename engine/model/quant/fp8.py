@@ -28,8 +28,8 @@ from loraplex.engine.model.quant.linear_method import (
     register,
 )
 from loraplex.engine.model.quant.quant_config import Fp8Config
-from loraplex.kernels import fp8_scaled_mm
-from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, quantize_fp8_per_token
+from loraplex.kernels import fp8_scaled_mm, quantize_fp8_per_token
+from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 if TYPE_CHECKING:
     from loraplex.engine.model.linear import MergedLinear

@@ -1,0 +1,72 @@
+"""Per-token FP8 quantization of activations in one Triton kernel (the FP8 W8A8 path's input).
+
+Spec: `kernels/reference/fp8.py` `quantize_fp8_per_token`. The reference is eight PyTorch ops
+(abs, amax, casts, divide, clamps) per linear layer: at a decode step of a Llama-3-8B shape that
+is a thousand small kernels, more time than FP8 saves on the GEMMs. Here one program reads a
+token's row once, takes its max |x|, and writes the float8_e4m3fn row and its float32 scale.
+Divisions round to nearest (`div_rn`) as PyTorch's do, so the result equals the reference's
+bit for bit.
+
+Grid: (num_tokens,); each program holds one whole row (K up to MAX_K) in registers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from loraplex.kernels.triton.launch_checks import check
+
+OP = "quantize_fp8_per_token"
+MAX_K = 32768  # the widest row one program holds (Llama-3-70B's intermediate size is 28,672)
+
+
+@triton.jit
+def _quantize_fp8_per_token_kernel(  # type: ignore[no-untyped-def]
+    x_ptr,
+    out_ptr,
+    scale_ptr,
+    stride_x,
+    stride_out,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    mask = offs < K
+    x = tl.load(x_ptr + token * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=0)
+    scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+    tl.store(out_ptr + token * stride_out + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + token, scale)
+
+
+def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x_fp8 [M, K] float8_e4m3fn, x_scale [M, 1] float32)."""
+    check(OP, x.dim() == 2, f"x must be [num_tokens, K], got {tuple(x.shape)}")
+    m, k = x.shape
+    check(OP, 0 < k <= MAX_K, f"K={k} outside 1..{MAX_K}")
+    check(OP, x.stride(-1) == 1, "x needs a contiguous last dim")
+    out = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return out, scale
+    block_k = triton.next_power_of_2(k)
+    _quantize_fp8_per_token_kernel[(m,)](
+        x,
+        out,
+        scale,
+        x.stride(0),
+        out.stride(0),
+        K=k,
+        BLOCK_K=block_k,
+        FP8_MAX=FP8_MAX,
+        MIN_SCALE=MIN_SCALE,
+        num_warps=min(16, max(4, block_k // 1024)),
+    )
+    return out, scale
