@@ -9,13 +9,14 @@ adapter fits the base model.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
-from safetensors.torch import load as load_safetensors
 
 from loraplex.engine.errors import InvalidAdapterError
 from loraplex.engine.lora.adapter_config import (
@@ -23,7 +24,11 @@ from loraplex.engine.lora.adapter_config import (
     LoRAAdapterConfig,
     parse_adapter_config,
 )
-from loraplex.engine.lora.safetensors_header import TensorInfo, parse_safetensors_header
+from loraplex.engine.lora.safetensors_header import (
+    TensorInfo,
+    data_section_start,
+    parse_safetensors_header,
+)
 
 __all__ = ["ArchLike", "LoRAAdapter", "load_lora_adapter", "lora_module_shapes"]
 
@@ -95,7 +100,21 @@ def lora_module_shapes(arch: ArchLike) -> dict[str, tuple[int, int]]:
     }
 
 
-def _read_files(path: Path) -> tuple[bytes, bytes]:
+def _read_weights(file: Path) -> torch.Tensor:
+    """The whole file as a uint8 tensor, read once into memory the tensors can then view."""
+    with file.open("rb", buffering=0) as f:
+        data = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)  # [file bytes]
+        view = data.numpy().data  # [file bytes], shares memory
+        num_read = 0
+        while num_read < len(view) and (n := f.readinto(view[num_read:])):
+            num_read += n
+        rest = f.read()
+    if rest:  # the file grew since fstat: keep all of it, as read_bytes would
+        data = torch.cat([data, torch.frombuffer(bytearray(rest), dtype=torch.uint8)])
+    return data[: num_read + len(rest)]  # shorter if it shrank
+
+
+def _read_files(path: Path) -> tuple[bytes, torch.Tensor]:
     if not path.is_dir():
         raise InvalidAdapterError("adapter path is not a directory")
     pickles = sorted(p.name for p in path.iterdir() if p.name.lower().endswith(PICKLE_SUFFIXES))
@@ -104,13 +123,10 @@ def _read_files(path: Path) -> tuple[bytes, bytes]:
             f"pickle-based weight files are not accepted ({', '.join(pickles[:5])}); "
             f"provide {WEIGHTS_FILE}"
         )
-    blobs = []
     for name in (CONFIG_FILE, WEIGHTS_FILE):
-        file = path / name
-        if not file.is_file():  # also refuses FIFOs and devices, which could block a read
+        if not (path / name).is_file():  # also refuses FIFOs and devices, which could block
             raise InvalidAdapterError(f"adapter directory is missing {name}")
-        blobs.append(file.read_bytes())
-    return blobs[0], blobs[1]
+    return (path / CONFIG_FILE).read_bytes(), _read_weights(path / WEIGHTS_FILE)
 
 
 def _shape_message(
@@ -182,7 +198,7 @@ def _index_tensors(
     return index
 
 
-def _content_hash(config: LoRAAdapterConfig, weights_bytes: bytes) -> str:
+def _content_hash(config: LoRAAdapterConfig, weights_bytes: memoryview) -> str:
     h = hashlib.sha256(_HASH_DOMAIN)
     h.update(len(config.canonical_json).to_bytes(8, "little"))
     h.update(config.canonical_json)
@@ -190,6 +206,7 @@ def _content_hash(config: LoRAAdapterConfig, weights_bytes: bytes) -> str:
     return h.hexdigest()
 
 
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 # Exponent bits of each float dtype: all set means Inf or NaN. Testing them on the integer view
 # is one cheap pass; torch.isfinite on CPU bf16 is orders of magnitude slower.
 _EXPONENT_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
@@ -200,21 +217,58 @@ _EXPONENT_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
 
 
 def has_non_finite(t: torch.Tensor) -> bool:
-    """True if `t` (bf16, fp16 or fp32) holds an Inf or a NaN."""
+    """True if `t` (bf16, fp16 or fp32) holds an Inf or a NaN.
+
+    A finite sum proves there is none (Inf and NaN propagate through every addition), and a sum
+    is the cheapest full pass there is. Only a non-finite sum (Inf, NaN, or large finite values
+    overflowing) runs the exact test of every element's exponent bits."""
+    if t.numel() == 0 or torch.isfinite(t.sum()):
+        return False
     int_dtype, mask = _EXPONENT_BITS[t.dtype]
     return bool(((t.view(int_dtype) & mask) == mask).any())
 
 
-def _check_finite(raw: dict[str, torch.Tensor], index: dict[tuple[int, str, str], str]) -> None:
-    """Raise naming the first tensor with an Inf or a NaN. One pass per dtype over all the
-    weights (tensors one at a time only to name the culprit)."""
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for t in raw.values():
-        by_dtype.setdefault(t.dtype, []).append(t.reshape(-1))
-    if not any(has_non_finite(torch.cat(ts)) for ts in by_dtype.values()):
+def _view(data: torch.Tensor, begin: int, end: int, dtype: str) -> torch.Tensor:
+    """data[begin:end] (uint8) as a flat tensor of `dtype`: a view, unless the bytes are not
+    aligned to the dtype (our writers align them; a copy then)."""
+    assert sys.byteorder == "little"  # safetensors is little-endian, and so is every host we run
+    raw = data[begin:end]
+    if begin % _DTYPES[dtype].itemsize:
+        raw = raw.clone()
+    return raw.view(_DTYPES[dtype])
+
+
+def _tensor_views(
+    data: torch.Tensor, start: int, tensors: dict[str, TensorInfo]
+) -> dict[str, torch.Tensor]:
+    """Every tensor of the file `data` [file bytes] as a view of it, no copy: the header check
+    proved each entry lies inside the data section (from `start`) and that no two overlap."""
+    return {
+        name: _view(data, start + t.begin, start + t.end, t.dtype).view(t.shape)
+        for name, t in tensors.items()
+    }
+
+
+def _check_finite(
+    data: torch.Tensor,
+    start: int,
+    tensors: dict[str, TensorInfo],
+    views: dict[str, torch.Tensor],
+    index: dict[tuple[int, str, str], str],
+) -> None:
+    """Raise naming the first tensor with an Inf or a NaN. One pass over each run of same-dtype
+    tensors in the data section (the whole of it for a single-dtype file); tensors one at a
+    time only to name the culprit."""
+    runs: list[tuple[str, int, int]] = []  # (dtype, begin, end), in file order
+    for t in sorted(tensors.values(), key=lambda t: t.begin):  # they tile the data section
+        if runs and runs[-1][0] == t.dtype:
+            runs[-1] = (t.dtype, runs[-1][1], t.end)
+        else:
+            runs.append((t.dtype, t.begin, t.end))
+    if not any(has_non_finite(_view(data, start + b, start + e, d)) for d, b, e in runs):
         return
     for (layer, module, side), name in sorted(index.items()):
-        if has_non_finite(raw[name]):
+        if has_non_finite(views[name]):
             raise InvalidAdapterError(
                 f"lora_{side} for layer {layer} {module} contains NaN or Inf values"
             )
@@ -232,20 +286,21 @@ def load_lora_adapter(
     `content_hash`: the hash computed when the adapter was registered (the platform stores
     adapters content-addressed). It is kept, not recomputed: hashing is the slowest part of a
     load, and every other check still runs on the bytes read now.
-    """
-    config_bytes, weights_bytes = _read_files(Path(path))
-    config = parse_adapter_config(config_bytes, max_lora_rank)
-    index = _index_tensors(parse_safetensors_header(weights_bytes), config, arch)
-    try:
-        raw = load_safetensors(weights_bytes)
-    except Exception as e:  # the header passed our checks; anything left is still client data
-        raise InvalidAdapterError(f"{WEIGHTS_FILE} could not be loaded: {str(e)[:200]}") from e
 
-    _check_finite(raw, index)
+    The weights are views of the file's bytes as read (one read, no copy), in its dtype.
+    """
+    config_bytes, data = _read_files(Path(path))
+    config = parse_adapter_config(config_bytes, max_lora_rank)
+    weights_bytes = data.numpy().data  # [file bytes], shares memory
+    tensors = parse_safetensors_header(weights_bytes)
+    index = _index_tensors(tensors, config, arch)
+    start = data_section_start(weights_bytes)
+    views = _tensor_views(data, start, tensors)
+    _check_finite(data, start, tensors, views, index)
     weights: dict[LayerModule, tuple[torch.Tensor, torch.Tensor]] = {}
     for layer in range(arch.num_hidden_layers):
         for module in config.target_modules:
-            a, b = (raw[index[(layer, module, side)]].contiguous() for side in "AB")
+            a, b = (views[index[(layer, module, side)]] for side in "AB")
             weights[(layer, module)] = (a, b)  # A [r, in_dim], B [out_dim, r]
 
     assert set(config.target_modules) <= set(SUPPORTED_TARGET_MODULES)

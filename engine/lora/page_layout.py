@@ -104,21 +104,40 @@ def max_adapter_pages(
     return plan_layout(max_lora_rank, SLICES, module_shapes, page_size).num_pages
 
 
-def _place(dst: torch.Tensor, first: int, matrix: torch.Tensor, page_size: int) -> None:
-    """Write `matrix` [num_layers, rows, row_len] into dst [num_layers, pages, page_size]."""
-    num_layers, rows, row_len = matrix.shape
-    per_page = rows_per_page(row_len, page_size)
+def _place(dst: torch.Tensor, first: int, matrices: list[torch.Tensor], page_size: int) -> None:
+    """Write layer l's matrix `matrices[l]` [rows, row_len] into dst[l] ([num_layers, pages,
+    page_size]) from page `first` on, and zero the unused tails of those pages. One strided
+    copy per layer (two when the last page is part-filled or rows are split over pages)."""
+    rows, row_len = matrices[0].shape
     if row_len <= page_size:
-        for start in range(0, rows, per_page):
-            chunk = matrix[:, start : start + per_page]  # [L, n, row_len]
-            page = first + start // per_page
-            dst[:, page, : chunk.shape[1] * row_len] = chunk.reshape(num_layers, -1)
+        per_page = rows_per_page(row_len, page_size)
+        num_full, rem = divmod(rows, per_page)  # full pages; rows on a last, part-filled one
+        used = per_page * row_len
+        pages = dst[:, first : first + num_full]  # [L, num_full, page_size]
+        # [L, num_full, per_page, row_len]
+        slots = pages[:, :, :used].unflatten(2, (per_page, row_len))
+        for layer, matrix in enumerate(matrices):
+            slots[layer].copy_(matrix[: num_full * per_page].unflatten(0, (num_full, per_page)))
+        pages[:, :, used:].zero_()
+        if rem:
+            last = dst[:, first + num_full]  # [L, page_size]
+            for layer, matrix in enumerate(matrices):
+                last[layer, : rem * row_len].view(rem, row_len).copy_(matrix[num_full * per_page :])
+            last[:, rem * row_len :].zero_()
         return
+    # A row longer than a page: pages_per_row pages of its own, the last one part-filled.
     segments = pages_per_row(row_len, page_size)
-    for j in range(rows):
-        for s in range(segments):
-            piece = matrix[:, j, s * page_size : (s + 1) * page_size]
-            dst[:, first + j * segments + s, : piece.shape[1]] = piece
+    num_whole, rem = divmod(row_len, page_size)
+    # [L, rows, segments, page_size]
+    pages = dst[:, first : first + rows * segments].unflatten(1, (rows, segments))
+    for layer, matrix in enumerate(matrices):
+        pages[layer, :, :num_whole].copy_(
+            matrix[:, : num_whole * page_size].unflatten(1, (num_whole, page_size))
+        )
+        if rem:
+            pages[layer, :, num_whole, :rem].copy_(matrix[:, num_whole * page_size :])
+    if rem:
+        pages[:, :, num_whole, rem:].zero_()
 
 
 def pack_adapter(
@@ -130,15 +149,18 @@ def pack_adapter(
     pin_memory: bool = False,
 ) -> torch.Tensor:
     """The adapter's pages, [num_layers, layout.num_pages, page_size] in `dtype` on the CPU
-    (pinned for an asynchronous copy to the GPU). Unused tails of pages are zero."""
-    packed = torch.zeros(
+    (pinned for an asynchronous copy to the GPU). Unused tails of pages are zero.
+
+    Every page belongs to exactly one matrix (plan_layout places them back to back), so
+    writing each matrix and zeroing its pages' tails fills the buffer: no zero-fill first.
+    Each weight is copied once, converted to `dtype` on the way."""
+    packed = torch.empty(
         (num_layers, layout.num_pages, page_size), dtype=dtype, pin_memory=pin_memory
     )
     for i, module in enumerate(SLICES):
         if layout.first_a[i] < 0:
             continue
-        a = torch.stack([adapter.weights[(layer, module)][0] for layer in range(num_layers)])
-        b = torch.stack([adapter.weights[(layer, module)][1] for layer in range(num_layers)])
-        _place(packed, layout.first_a[i], a.to(dtype), page_size)  # [L, r, in_dim]
-        _place(packed, layout.first_b[i], b.transpose(1, 2).to(dtype), page_size)  # [L, r, out]
+        pairs = [adapter.weights[(layer, module)] for layer in range(num_layers)]
+        _place(packed, layout.first_a[i], [a for a, _ in pairs], page_size)  # A [r, in_dim]
+        _place(packed, layout.first_b[i], [b.T for _, b in pairs], page_size)  # B^T [r, out]
     return packed

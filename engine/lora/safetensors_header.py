@@ -121,7 +121,13 @@ def _check_layout(tensors: list[TensorInfo], data_size: int) -> None:
         )
 
 
-def parse_safetensors_header(data: bytes) -> dict[str, TensorInfo]:
+def data_section_start(data: bytes | memoryview) -> int:
+    """Where the data section begins in a file that `parse_safetensors_header` accepted."""
+    (header_len,) = struct.unpack("<Q", data[:8])
+    return 8 + int(header_len)
+
+
+def parse_safetensors_header(data: bytes | memoryview) -> dict[str, TensorInfo]:
     """Validate the whole safetensors file `data`; return its tensors by name."""
     if len(data) < 8:
         raise InvalidAdapterError("safetensors file is truncated: shorter than its 8-byte header")
@@ -135,7 +141,7 @@ def parse_safetensors_header(data: bytes) -> dict[str, TensorInfo]:
             f"safetensors header length {header_len} exceeds the file size ({len(data)} bytes); "
             "the file is truncated or corrupt"
         )
-    header = loads_strict_json(data[8 : 8 + header_len], "safetensors header")
+    header = loads_strict_json(bytes(data[8 : 8 + header_len]), "safetensors header")
     if not isinstance(header, dict):
         raise InvalidAdapterError("safetensors header must be a JSON object")
     metadata = header.pop(_METADATA_KEY, {})

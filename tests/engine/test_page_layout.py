@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 import torch
 
+from loraplex.engine.lora.adapter import LoRAAdapter
 from loraplex.engine.lora.page_layout import (
     SLICES,
     matrix_pages,
     max_adapter_pages,
     pack_adapter,
+    pages_per_row,
     plan_layout,
+    rows_per_page,
 )
 from loraplex.kernels.reference.lora import gather_matrix
 from tests.engine.lora_units import ARCH, SHAPES, make_adapter
@@ -56,3 +62,40 @@ def test_packed_pages_read_back_as_the_adapters_matrices() -> None:
                 got_a = gather_matrix(pool[layer], block_ids, layout.first_a[i], 5, in_dim)
                 got_b = gather_matrix(pool[layer], block_ids, layout.first_b[i], 5, out_dim)
                 assert torch.equal(got_a, a) and torch.equal(got_b, b.T)
+
+
+def expected_pages(adapter: LoRAAdapter, page_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The packed buffer element by element from the module docstring's formula; zeros elsewhere."""
+    layout = plan_layout(adapter.rank, adapter.target_modules, SHAPES, page_size)
+    out = torch.zeros(ARCH.num_hidden_layers, layout.num_pages, page_size, dtype=dtype)
+    for (layer, module), (a, b) in adapter.weights.items():
+        i = SLICES.index(module)
+        for first, matrix in ((layout.first_a[i], a), (layout.first_b[i], b.T)):
+            rows, row_len = matrix.shape
+            per_page, segments = (
+                rows_per_page(row_len, page_size),
+                pages_per_row(row_len, page_size),
+            )
+            for j in range(rows):
+                for c in range(row_len):
+                    page = first + (j // per_page) * segments + c // page_size
+                    out[layer, page, (j % per_page) * row_len + c % page_size] = matrix[j, c]
+    return out
+
+
+@pytest.mark.parametrize("page_size", [96, 40, 64, 16])  # 16: every row split over pages
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pack_follows_the_formula_and_zeroes_every_unused_element(
+    page_size: int, dtype: torch.dtype
+) -> None:
+    adapter = make_adapter(5, ("q_proj", "k_proj", "v_proj", "gate_proj", "down_proj"), seed=1)
+    adapter = replace(  # non-contiguous sources, as tensor-parallel shards are
+        adapter, weights={k: (a[:, :], b) for k, (a, b) in adapter.weights.items()}
+    )
+    layout = plan_layout(5, adapter.target_modules, SHAPES, page_size)
+    size = ARCH.num_hidden_layers * layout.num_pages * page_size
+    # The packed buffer starts uninitialized: leave NaN where the allocator will likely reuse it.
+    del_me = torch.full((size,), float("nan"), dtype=dtype)
+    del del_me
+    packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, page_size, dtype)
+    assert torch.equal(packed, expected_pages(adapter, page_size, dtype))
