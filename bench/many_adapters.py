@@ -30,6 +30,7 @@ import hashlib
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -154,6 +155,34 @@ def load_jitter(engine: LLMEngine, resident: LoRARequest, new: LoRARequest, prom
     }
 
 
+def jitter_causes(
+    engine: LLMEngine, resident: LoRARequest, config: dict, tmp: Path, prompts
+) -> dict:
+    """The jitter run again under changed conditions, each with a never-seen adapter: loads into
+    pageable memory (no cudaHostAlloc, which may hold the driver's lock while it pins pages),
+    and the default pinned loads with the interpreter switching threads every 0.2 ms (the
+    loader threads' Python code holding the GIL for up to the 5 ms default)."""
+    manager = engine.lora_manager
+    assert manager is not None
+    out = {}
+    for i, (name, pinned, interval) in enumerate(
+        [("pageable", False, None), ("gil_0.2ms", True, 0.0002)]
+    ):
+        path = write_random_adapter(tmp / f"jitter-{name}", config, 16, seed=9000 + i, modules=ALL)
+        new = LoRARequest(f"jitter-{name}", 900_200 + i, str(path), fake_hash(f"j-{name}"))
+        was_pinned, default_interval = manager.loader.pin_memory, sys.getswitchinterval()
+        manager.loader.pin_memory = pinned and was_pinned
+        if interval is not None:
+            sys.setswitchinterval(interval)
+        try:
+            out[name] = load_jitter(engine, resident, new, prompts)
+        finally:
+            manager.loader.pin_memory = was_pinned
+            sys.setswitchinterval(default_interval)
+        print(name, json.dumps(out[name]), flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -167,9 +196,15 @@ def main() -> None:
     ap.add_argument("--adapters", default="0,8,64,256,1024")
     ap.add_argument("--zipf", type=float, default=1.0)
     ap.add_argument("--ranks", default="8,16,32,64")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="0: only the cold-load measurements")
     ap.add_argument("--files-per-rank", type=int, default=4)
     ap.add_argument("--skip-cold", action="store_true", help="throughput rounds only")
+    ap.add_argument(
+        "--jitter-causes",
+        action="store_true",
+        help="repeat the jitter run with pageable (unpinned) CPU buffers, then with a 0.2 ms "
+        "GIL switch interval: which one removes the delay",
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
@@ -213,7 +248,8 @@ def main() -> None:
     }
     num_out = args.num_prompts * args.output_len
     # Warm-up: compiles every kernel shape once (the base model and one adapter round).
-    run_round(llm, prompts[:64], workloads[counts[-1]][:64], args.output_len)
+    if args.rounds:
+        run_round(llm, prompts[:64], workloads[counts[-1]][:64], args.output_len)
     timings: dict[int, list[float]] = {c: [] for c in counts}
     for round_index in range(args.rounds):
         for count in counts:
@@ -223,8 +259,8 @@ def main() -> None:
                 f"round {round_index}: {count:5d} adapters {num_out / seconds:9.1f} tok/s",
                 flush=True,
             )
-    reference = statistics.median(timings[8]) if 8 in timings else None
-    for count in counts:
+    reference = statistics.median(timings[8]) if 8 in timings and args.rounds else None
+    for count in counts if args.rounds else ():
         seconds = statistics.median(timings[count])
         run = {
             "output_tok_s": num_out / seconds,
@@ -256,6 +292,8 @@ def main() -> None:
         )
         results["load_jitter"] = jitter
         print(json.dumps(jitter, indent=1), flush=True)
+        if args.jitter_causes:
+            results["load_jitter_causes"] = jitter_causes(engine, big[0], config, tmp, prompts)
     results["engine_stats"] = dataclasses.asdict(llm.engine.get_stats())
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -76,7 +76,19 @@ def write_shape_checkpoint(shape: str, out_dir: Path) -> Path:
         weights.unlink()
     (out_dir / "config.json").write_text(json.dumps(SHAPES[shape], indent=2))
     (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    _pad_tokenizer_vocab(out_dir / "tokenizer.json", SHAPES[shape]["vocab_size"])
     return out_dir
+
+
+def _pad_tokenizer_vocab(tokenizer_json: Path, vocab_size: int) -> None:
+    """Give every id of the model's vocabulary a token of its own ("<t1234>"): the small
+    trained tokenizer decodes ids beyond its few hundred tokens to nothing, and a streamed
+    completion of random-weight tokens would then carry almost no text (no chunk to time)."""
+    spec = json.loads(tokenizer_json.read_text())
+    vocab = spec["model"]["vocab"]
+    for token_id in range(len(vocab), vocab_size):
+        vocab[f"<t{token_id}>"] = token_id
+    tokenizer_json.write_text(json.dumps(spec))
 
 
 def write_random_adapter(

@@ -1,13 +1,15 @@
 """Reference FP8 W8A8: per-token activation quantization and the scaled GEMM, the spec of the
 CUDA path (`kernels/cuda/fp8_scaled_mm.py`, `torch._scaled_mm`).
 
-    x_scale[m] = max_k |x[m, k]| / 448          (448: the largest float8_e4m3fn)
+    x_scale[m] = max_k |x[m, k]| * (1 / 448)    (448: the largest float8_e4m3fn)
     x_fp8[m, k] = fp8(clamp(x[m, k] / x_scale[m], -448, 448))
     y[m, n] = sum_k (x_fp8[m, k] * x_scale[m]) * (w_fp8[n, k] * w_scale[n])
 
 The reference dequantizes both operands to float32 and multiplies in float32 (the CPU path);
 cuBLAS multiplies the fp8 values and applies the scales to the float32 accumulator: the same
-sums up to rounding.
+sums up to rounding. The scale multiplies by float32(1 / 448) rather than dividing by 448: that
+is what PyTorch's CUDA division by a Python number does, and the Triton kernel does the same,
+so the reference and the kernel agree bit for bit on every device.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import torch.nn.functional as F
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+INV_FP8_MAX = 1.0 / FP8_MAX
 MIN_SCALE = 1e-12 / FP8_MAX  # an all-zero row gets this scale (its values stay 0)
 
 
 def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (x_fp8 [M, K] float8_e4m3fn, x_scale [M, 1] float32)."""
     amax = x.abs().amax(dim=-1, keepdim=True).float()  # [M, 1]
-    scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
+    scale = (amax * INV_FP8_MAX).clamp(min=MIN_SCALE)
     x_fp8 = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return x_fp8, scale
 

@@ -4,8 +4,9 @@ Spec: `kernels/reference/fp8.py` `quantize_fp8_per_token`. The reference is eigh
 (abs, amax, casts, divide, clamps) per linear layer: at a decode step of a Llama-3-8B shape that
 is a thousand small kernels, more time than FP8 saves on the GEMMs. Here one program reads a
 token's row once, takes its max |x|, and writes the float8_e4m3fn row and its float32 scale.
-Divisions round to nearest (`div_rn`) as PyTorch's do, so the result equals the reference's
-bit for bit.
+The scale is max |x| times float32(1 / 448) and the division by it rounds to nearest
+(`div_rn`), as the reference's PyTorch ops do on CUDA: the result equals the reference's bit for
+bit (the GPU test checks it).
 
 Grid: (num_tokens,); each program holds one whole row (K up to MAX_K) in registers.
 """
@@ -16,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
 from loraplex.kernels.triton.launch_checks import check
 
 OP = "quantize_fp8_per_token"
@@ -33,6 +34,7 @@ def _quantize_fp8_per_token_kernel(  # type: ignore[no-untyped-def]
     K: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FP8_MAX: tl.constexpr,
+    INV_FP8_MAX: tl.constexpr,
     MIN_SCALE: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
@@ -40,7 +42,7 @@ def _quantize_fp8_per_token_kernel(  # type: ignore[no-untyped-def]
     mask = offs < K
     x = tl.load(x_ptr + token * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
-    scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), MIN_SCALE)
+    scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
     q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
     tl.store(out_ptr + token * stride_out + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + token, scale)
@@ -66,6 +68,7 @@ def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
         K=k,
         BLOCK_K=block_k,
         FP8_MAX=FP8_MAX,
+        INV_FP8_MAX=INV_FP8_MAX,
         MIN_SCALE=MIN_SCALE,
         num_warps=min(16, max(4, block_k // 1024)),
     )
