@@ -2,7 +2,9 @@
 
 A load reads and validates the PEFT directory (engine/lora/adapter.py), then packs its weights
 into the page layout they will have on the GPU (engine/lora/page_layout.py), in the model's
-dtype and, on CUDA hosts, in pinned memory: the upload to the GPU is then one asynchronous copy.
+dtype. `pin_memory` packs into pinned memory (an asynchronous upload), but pinning is itself slow
+and stalls the CUDA calls of the engine's thread meanwhile: the engine loads into pageable memory
+(see engine/lora/lora_manager.py).
 """
 
 from __future__ import annotations

@@ -74,8 +74,11 @@ class LoRAManager:
         self.reduce = reduce
         layouts = list(tp_layouts)
         page_size = pages.shape[2]
+        # Pageable CPU buffers, not pinned: pinning ~90 MB (cudaHostAlloc) stalled the engine's
+        # own CUDA calls for 18-59 ms on an H200 host, every step that a new adapter loaded;
+        # pageable loads delayed no step by more than 1 ms (bench/results/h200-c5586d5).
         self.loader = AdapterLoader(
-            arch, config.max_lora_rank, page_size, dtype, pages.is_cuda, layouts
+            arch, config.max_lora_rank, page_size, dtype, pin_memory=False, tp_layouts=layouts
         )
         self.max_pages = max_adapter_pages(
             config.max_lora_rank, self.loader.module_shapes, page_size
@@ -345,7 +348,7 @@ class LoRAManager:
         self.stats["cpu_loads"] += 1
         self._report_load(cpu.content_hash, tier, cpu.load_seconds)
         while len(self._cpu) > self.config.max_cpu_loras:
-            self._cpu.popitem(last=False)  # an upload in flight keeps its pinned memory alive
+            self._cpu.popitem(last=False)  # an upload in flight keeps its memory alive
             self.stats["cpu_evictions"] += 1
 
     def _report_load(self, content_hash: str, tier: AdapterTier, seconds: float) -> None:
