@@ -5,7 +5,11 @@ of its own (engine/core_transport.py); AsyncEngine sends it commands and turns i
 messages back into each request's stream of cumulative `RequestOutput`s, on the event loop:
 
     generate() ──AddRequest/AbortRequest──▶ EngineCore (thread or process)
-    per-request queue ◀── one call_soon_threadsafe per step ◀── StepMessage (deltas, stats)
+    per-request output ◀── one call_soon_threadsafe per step ◀── StepMessage (deltas, stats)
+
+Each request keeps its cumulative output; a caller reads the latest, so steps it did not read in
+time merge into one output (what vLLM's output collector does): under load, readers do less work
+per token instead of falling further behind.
 
 Leaving a stream early (or the task being cancelled: a client that hung up) aborts the request.
 """
@@ -56,29 +60,50 @@ class _Completion:
 
 @dataclass
 class _Request:
-    """A request as the caller sees it: its queue and its outputs so far."""
+    """A request as the caller sees it: its outputs so far, and whether the caller has read the
+    latest. Outputs are cumulative, so steps the caller has not read yet merge into one: a
+    reader that falls behind (a busy server) costs one output per read, not one per step."""
 
     prompt: str | None
     prompt_token_ids: list[int]
-    queue: asyncio.Queue[RequestOutput | BaseException]
     added: asyncio.Future[Any]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
     completions: dict[int, _Completion] = field(default_factory=dict)
+    unread: bool = False  # steps applied since the caller's last read
+    finished: bool = False
+    num_cached_tokens: int = 0
+    error: Exception | None = None  # the request failed (its last output carries it)
+    failure: BaseException | None = None  # the engine died
 
-    def apply(self, request_id: str, delta: OutputDelta) -> RequestOutput:
+    def apply(self, delta: OutputDelta) -> None:
         for d in delta.completions:
             c = self.completions.setdefault(d.index, _Completion())
-            c.token_ids = c.token_ids + d.token_ids  # new lists: earlier outputs stay intact
+            c.token_ids.extend(d.token_ids)
             c.text += d.text
             if d.logprobs is not None:
                 c.logprobs = (c.logprobs or []) + d.logprobs
             c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
+        self.finished, self.num_cached_tokens = delta.finished, delta.num_cached_tokens
+        self.error = delta.error
+        self.unread = True
+        self.wake.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self.failure = exc
+        self.wake.set()
+
+    def output(self, request_id: str) -> RequestOutput:
+        """The cumulative output now (new lists: outputs already handed out stay intact)."""
+        self.unread = False
         outputs = [
-            CompletionOutput(i, c.text, c.token_ids, c.finish_reason, c.logprobs, c.stop_reason)
+            CompletionOutput(
+                i, c.text, list(c.token_ids), c.finish_reason, c.logprobs, c.stop_reason
+            )
             for i, c in sorted(self.completions.items())
         ]
         return RequestOutput(
-            request_id, self.prompt, self.prompt_token_ids, outputs, delta.finished,
-            delta.num_cached_tokens, delta.error,
+            request_id, self.prompt, self.prompt_token_ids, outputs, self.finished,
+            self.num_cached_tokens, self.error,
         )  # fmt: skip
 
 
@@ -167,7 +192,7 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids = await self._tokenize(prompt)
         loop = asyncio.get_running_loop()
-        request = _Request(text, token_ids, asyncio.Queue(), loop.create_future())
+        request = _Request(text, token_ids, loop.create_future())
         self._requests[request_id] = request
         finished = False
         try:
@@ -181,9 +206,13 @@ class AsyncEngine:
             )  # fmt: skip
             await request.added
             while not finished:
-                item = await request.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
+                if not request.unread and request.failure is None:
+                    request.wake.clear()
+                    await request.wake.wait()
+                if not request.unread:
+                    assert request.failure is not None
+                    raise request.failure
+                item = request.output(request_id)
                 finished = item.finished
                 if item.error is not None:
                     raise item.error
@@ -244,7 +273,7 @@ class AsyncEngine:
         for delta in message.deltas:
             request = self._requests.get(delta.request_id)
             if request is not None:
-                request.queue.put_nowait(request.apply(delta.request_id, delta))
+                request.apply(delta)
         if self._on_adapter_load is not None:
             for load in message.adapter_loads:
                 self._on_adapter_load(load)
@@ -273,7 +302,7 @@ class AsyncEngine:
         for request in self._requests.values():
             if not request.added.done():
                 request.added.set_exception(EngineDeadError(reason))
-            request.queue.put_nowait(EngineDeadError(reason))
+            request.fail(EngineDeadError(reason))
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(EngineDeadError(reason))

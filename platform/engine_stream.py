@@ -7,7 +7,7 @@ waits, for a bounded time, until the pump has seen the request's final output. T
 KV blocks, adapter pin and concurrency slot are all gone by then, and the final output's token
 counts, tokens generated after the client left included, are the ones the tenant is billed.
 
-    handler ──anext──▶ queue ◀── pump ──async for──▶ AsyncEngine.generate(...)
+    handler ──anext──▶ latest output ◀── pump ──async for──▶ AsyncEngine.generate(...)
     handler ──close()──▶ abort ──▶ engine core ──final output──▶ pump (done)
 """
 
@@ -44,7 +44,11 @@ class EngineStream:
         self.last: RequestOutput | None = None  # the engine's latest output, read or not
         self._abort = abort
         self._on_done = on_done
-        self._queue: asyncio.Queue[RequestOutput | BaseException | object] = asyncio.Queue()
+        # Outputs are cumulative: a reader that falls behind gets the latest one, not a backlog
+        # (under load the handler then formats one event per read, not one per step).
+        self._unread = False  # `last` came after the reader's latest read
+        self._end: BaseException | object | None = None  # _END or an exception, after `last`
+        self._wake = asyncio.Event()
         self._done = asyncio.Event()
         self._started = False
         self._pump_task = asyncio.create_task(self._pump(source), name=f"pump-{request_id}")
@@ -59,15 +63,20 @@ class EngineStream:
         try:
             async with aclosing(source):
                 async for output in source:
-                    self.last = output
-                    self._queue.put_nowait(output)
-            self._queue.put_nowait(_END)
+                    self.last, self._unread = output, True
+                    self._wake.set()
+            self._finish(_END)
         except Exception as exc:  # the reader raises it; the engine holds nothing more
-            self._queue.put_nowait(exc)
+            self._finish(exc)
+
+    def _finish(self, end: BaseException | object) -> None:
+        if self._end is None:
+            self._end = end
+        self._wake.set()
 
     def _pump_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
-            self._queue.put_nowait(asyncio.CancelledError())
+            self._finish(asyncio.CancelledError())
         self._done.set()
         self._on_done()
 
@@ -80,13 +89,17 @@ class EngineStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
-        item = await self._queue.get()
-        if item is _END:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        assert isinstance(item, RequestOutput)
-        return item
+        while True:
+            if self._unread:
+                self._unread = False
+                assert self.last is not None
+                return self.last
+            if self._end is _END:
+                raise StopAsyncIteration
+            if isinstance(self._end, BaseException):
+                raise self._end
+            self._wake.clear()
+            await self._wake.wait()
 
     async def close(self) -> RequestOutput | None:
         """Abort the request unless the engine is done with it, wait for its final output and
