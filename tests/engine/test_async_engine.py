@@ -29,11 +29,31 @@ async def test_streams_incremental_outputs_matching_offline(checkpoint):
         async for out in engine.generate("hello world", params, "r1"):
             lengths.append(len(out.outputs[0].token_ids))
             texts.append(out.outputs[0].text)
-        assert lengths == list(range(1, 9))
+        # One output per step while the reader keeps up; steps it did not read in time merge.
+        assert lengths == sorted(set(lengths)) and lengths[-1] == 8
         assert all(texts[i + 1].startswith(texts[i]) for i in range(len(texts) - 1))
         offline = engine.engine.tokenizer.decode(out.outputs[0].token_ids)
         assert texts[-1] == offline
         assert out.finished and out.outputs[0].finish_reason == "length"
+    finally:
+        await engine.shutdown()
+
+
+async def test_a_reader_that_falls_behind_gets_the_latest_output_not_a_backlog(checkpoint):
+    engine = await started(checkpoint)
+    try:
+        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+        fast = [out async for out in engine.generate("hello world", params, "fast")]
+        slow = engine.generate("hello world", params, "slow")
+        first = await anext(slow)
+        while engine.get_stats().num_running or engine.get_stats().num_waiting:
+            await asyncio.sleep(0.01)  # the engine finishes while nobody reads
+        rest = [out async for out in slow]
+        assert len(rest) == 1 and rest[0].finished  # the steps not read merged into one
+        assert len(first.outputs[0].token_ids) < 12
+        assert rest[0].outputs[0].token_ids == fast[-1].outputs[0].token_ids
+        assert rest[0].outputs[0].text == fast[-1].outputs[0].text
+        assert first.outputs[0].token_ids == fast[0].outputs[0].token_ids[:1]  # not mutated
     finally:
         await engine.shutdown()
 

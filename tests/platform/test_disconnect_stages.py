@@ -1,7 +1,8 @@
 """Disconnects at the stages a socket test cannot aim at: while the prompt is being planned,
 and while the rate limiter's answer is on its way back (the reservation exists, the handler
 has not seen it yet). Driven through the ASGI interface, which says exactly when the client
-leaves. The engine-side half: an EngineStream closed before or after its pump started."""
+leaves. The engine-side half: an EngineStream closed before or after its pump started, and one
+read only after the engine finished (the steps it missed merge into one output)."""
 
 from __future__ import annotations
 
@@ -152,3 +153,27 @@ async def test_a_closed_engine_stream_leaves_nothing_in_the_engine(
     assert generated == len(outputs[-1].outputs[0].token_ids) + (
         len(final.outputs[0].token_ids) if final is not None else 0
     )
+
+
+async def test_an_engine_stream_read_late_gives_the_latest_output_not_a_backlog(
+    server: Platform,
+) -> None:
+    stream = server.state.engine.generate(
+        request_id="late-reader",
+        prompt_token_ids=[1, 2, 3],
+        sampling_params=SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+        adapter=None,
+        priority=1,
+        tenant_key="t",
+    )
+    try:
+        first = await anext(stream)
+        with anyio.fail_after(30):
+            while not stream.is_done:  # the engine finishes while nobody reads
+                await anyio.sleep(0.01)
+        rest = [output async for output in stream]
+    finally:
+        final = await stream.close()
+    assert len(rest) == 1 and rest[0] is final and final.finished
+    assert len(final.outputs[0].token_ids) == 12
+    assert len(first.outputs[0].token_ids) < 12
