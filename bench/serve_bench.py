@@ -7,11 +7,12 @@ Starts `loraplex serve` (SQLite, the in-process rate limiter, the engine in its 
 a Llama-3-8B-shape random model, registers a tenant with limits out of the way, its key and
 `--adapters` random adapters (rank 16 on all 7 projections) through the CLI, then sends the
 requests through the `openai` client, streaming, as a Poisson process at each `--rates` request
-rate (`inf`: all at once, saturation); requests spread round-robin over the adapters and the base
-model. Reports per rate: output tok/s, time to first token and inter-token latency p50 / p90 /
-p99. Last, with the server stopped, the offline engine (`LLM.generate`) runs the same requests:
-the server's throughput at saturation is reported against it. Prompts are fresh random tokens
-for every rate (prefix caching would otherwise serve repeats).
+rate (`inf`: all at once, saturation), from `--client-processes` processes (one Python process
+parsing 512 streams is slower than the server); requests spread round-robin over the adapters
+and the base model. Reports per rate: output tok/s, time to first token and inter-token latency
+p50 / p90 / p99. Last, with the server stopped, the offline engine (`LLM.generate`) runs the
+same requests: the server's throughput at saturation is reported against it. Prompts are fresh
+random tokens for every rate (prefix caching would otherwise serve repeats).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing as mp
 import os
 import random
 import re
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -95,28 +98,56 @@ async def one_request(
     return first, gaps, tokens
 
 
-async def run_rate(
-    base_url: str, key: str, models: list[str], prompts: list[list[int]], rate: float,
+async def send_share(
+    base_url: str, key: str, models: list[str], prompts: dict[int, list[int]], rate: float,
     output_len: int, seed: int,
-) -> dict:  # fmt: skip
+) -> tuple[float, float, list[tuple[float | None, list[float], int]]]:  # fmt: skip
+    """Send `prompts` ({request index: prompt}) as a Poisson process at `rate`; (wall-clock
+    start, end, each request's (TTFT, inter-token gaps, output tokens))."""
     rng = random.Random(seed)
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=3600)
     tasks = []
-    start = time.perf_counter()
-    for i, prompt in enumerate(prompts):
+    start = time.time()
+    for i, prompt in prompts.items():
         tasks.append(asyncio.create_task(
             one_request(client, models[i % len(models)], prompt, output_len)
         ))  # fmt: skip
         if math.isfinite(rate):
             await asyncio.sleep(rng.expovariate(rate))
     results = await asyncio.gather(*tasks)
-    elapsed = time.perf_counter() - start
+    end = time.time()
     await client.close()
+    return start, end, list(results)
+
+
+def client_process(
+    share: tuple,
+) -> tuple[float, float, list[tuple[float | None, list[float], int]]]:
+    return asyncio.run(send_share(*share))
+
+
+def run_rate(
+    clients: ProcessPoolExecutor, num_clients: int, base_url: str, key: str, models: list[str],
+    prompts: list[list[int]], rate: float, output_len: int, seed: int,
+) -> dict:  # fmt: skip
+    """All `prompts` at `rate` requests/s, sent by `num_clients` processes (a share each, at
+    rate / num_clients: together still a Poisson process at `rate`). One Python process
+    parsing every stream of a saturated server through the openai client would measure the
+    client, not the server."""
+    shares = [
+        (base_url, key, models, {i: prompts[i] for i in range(c, len(prompts), num_clients)},
+         rate / num_clients, output_len, seed * 1000 + c)
+        for c in range(num_clients)
+    ]  # fmt: skip
+    parts = list(clients.map(client_process, shares))
+    elapsed = max(end for _, end, _ in parts) - min(start for start, _, _ in parts)
+    results = [r for _, _, rs in parts for r in rs]
     ttfts = [r[0] for r in results if r[0] is not None]
     gaps = [g for r in results for g in r[1]]
     num_tokens = sum(r[2] for r in results)
     return {
         "rate": rate,
+        "client_processes": num_clients,
         "seconds": elapsed,
         "output_tok_s": num_tokens / elapsed,
         "ttft_s": percentiles(ttfts),
@@ -150,6 +181,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--rates", default="8,16,inf", help="requests/s; inf = all at once")
     ap.add_argument("--adapters", type=int, default=8)
+    ap.add_argument(
+        "--client-processes", type=int, default=4, help="processes sending the requests"
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
@@ -188,6 +222,7 @@ def main() -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )  # fmt: skip
     base_url = f"http://127.0.0.1:{port}"
+    clients = ProcessPoolExecutor(args.client_processes, mp_context=mp.get_context("spawn"))
     results: dict = {"args": vars(args), "rates": []}
     try:
         deadline = time.monotonic() + 1200
@@ -196,17 +231,19 @@ def main() -> None:
             time.sleep(1)
         # Warm-up, not reported: compiles the server's kernels for every adapter.
         warm = random_prompts(2 * len(models), 16, 64, config["vocab_size"], seed=1000)
-        asyncio.run(run_rate(base_url, key[0], models, warm, math.inf, 8, seed=1000))
+        run_rate(clients, args.client_processes, base_url, key[0], models, warm, math.inf, 8, 1)
         for i, rate in enumerate(float(r) for r in args.rates.split(",")):
             prompts = random_prompts(
                 args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=i
             )
-            run = asyncio.run(
-                run_rate(base_url, key[0], models, prompts, rate, args.output_len, seed=i)
-            )
+            run = run_rate(
+                clients, args.client_processes, base_url, key[0], models, prompts, rate,
+                args.output_len, seed=i,
+            )  # fmt: skip
             results["rates"].append(run)
             print(json.dumps(run), flush=True)
     finally:
+        clients.shutdown()
         server.terminate()
         server.wait(timeout=120)
     prompts = random_prompts(
