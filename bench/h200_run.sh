@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease, one script: the GPU tests first, then timing. On the device machine, from the repo
 # root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput; also many,
-# serve, quant, tp, prio); results go to $OUT (or bench/results/tmp).
+# serve, quant, w4a16, tp, prio); results go to $OUT (or bench/results/tmp).
 #
 # The device has torch, triton, transformers and peft, but not this package and no package
 # index: build the wheel here first (`make wheel`, into the git-ignored .whl/), carry .whl/ along,
@@ -83,6 +83,9 @@ for step in $steps; do
                | tee "$OUT/quant_decode_$q.txt" || qfail=1; }
            done
            [ $qfail -eq 0 ];;
+    w4a16) # the candidate W4A16 kernel: checked against the reference, timed against the engine's
+           limit ${W4A16_TIMEOUT:-180} python3 bench/w4a16_candidate.py --json "$OUT/w4a16_candidate.json" \
+             2>&1 | tee "$OUT/w4a16_candidate.txt";;
     tp) # tensor parallelism (needs nvidia-h200-x2; not run yet): the Llama-3-8B shape at TP=1
         # and TP=2, decode steps at batch 1 and 64 (decode_step_ms) and W1 with 0 and 8
         # adapters; the Llama-3-70B shape at TP=2 with 0 and 8 adapters.
@@ -109,7 +112,7 @@ for step in $steps; do
             --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
             --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
             | tee "$OUT/priority.txt";;
-    *) echo "unknown step $step (env gpu-tests kernels tput many serve quant tp prio)" >&2; false;;
+    *) echo "unknown step $step (env gpu-tests kernels tput many serve quant w4a16 tp prio)" >&2; false;;
   esac
   rc=$?
   echo "=== $step: exit $rc"
