@@ -83,7 +83,9 @@ for step in $steps; do
                | tee "$OUT/quant_decode_$q.txt" || qfail=1; }
            done
            [ $qfail -eq 0 ];;
-    w4a16) # the candidate W4A16 kernel: checked against the reference, timed against the engine's
+    w4a16) # the W4A16 unpack-once candidate: both loops against the reference (bf16 here), then timed
+           limit 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_w4a16_kernels.py \
+             2>&1 | tail -5 | tee "$OUT/w4a16_tests.txt" &&
            limit ${W4A16_TIMEOUT:-180} python3 bench/w4a16_candidate.py --json "$OUT/w4a16_candidate.json" \
              2>&1 | tee "$OUT/w4a16_candidate.txt";;
     tp) # tensor parallelism (needs nvidia-h200-x2; not run yet): the Llama-3-8B shape at TP=1

@@ -50,6 +50,7 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    UNPACK_ONCE: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,19 +67,36 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
             other=0.0,
         )  # [BLOCK_M, BLOCK_K]
         mask_kn = mask_k[:, None] & mask_n[None, :]
-        packed = tl.load(
-            qweight_ptr + (offs_k // 8)[:, None].to(tl.int64) * N + offs_n[None, :],
-            mask=mask_kn,
-            other=0,
-        )  # [BLOCK_K, BLOCK_N] int32
-        q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
-        if HAS_G_IDX:
-            groups = tl.load(g_idx_ptr + offs_k, mask=mask_k, other=0)
+        if UNPACK_ONCE:
+            rows_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+            packed = tl.load(
+                qweight_ptr + rows_p[:, None].to(tl.int64) * N + offs_n[None, :],
+                mask=(rows_p < K // 8)[:, None] & mask_n[None, :],
+                other=0,
+            )  # [BLOCK_K / 8, BLOCK_N] int32, each read once
+            shifts = tl.arange(0, 8) * 4  # nibble j of packed row p holds row 8 * p + j
+            q = (packed[:, None, :] >> shifts[None, :, None]) & 0xF
+            q = tl.reshape(q, (BLOCK_K, BLOCK_N))
         else:
-            groups = offs_k // GROUP_SIZE
-        group_offs = groups[:, None].to(tl.int64) * N + offs_n[None, :]
-        scale = tl.load(scales_ptr + group_offs, mask=mask_kn, other=0.0).to(tl.float32)
-        zero = tl.load(zeros_ptr + group_offs, mask=mask_kn, other=0).to(tl.float32)
+            packed = tl.load(
+                qweight_ptr + (offs_k // 8)[:, None].to(tl.int64) * N + offs_n[None, :],
+                mask=mask_kn,
+                other=0,
+            )  # [BLOCK_K, BLOCK_N] int32
+            q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
+        if UNPACK_ONCE and not HAS_G_IDX and GROUP_SIZE % BLOCK_K == 0:
+            # The whole tile lies in one group: one row of scales and zeros.
+            group_row = (k0 // GROUP_SIZE) * N + offs_n
+            scale = tl.load(scales_ptr + group_row, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+            zero = tl.load(zeros_ptr + group_row, mask=mask_n, other=0).to(tl.float32)[None, :]
+        else:
+            if HAS_G_IDX:
+                groups = tl.load(g_idx_ptr + offs_k, mask=mask_k, other=0)
+            else:
+                groups = offs_k // GROUP_SIZE
+            group_offs = groups[:, None].to(tl.int64) * N + offs_n[None, :]
+            scale = tl.load(scales_ptr + group_offs, mask=mask_kn, other=0.0).to(tl.float32)
+            zero = tl.load(zeros_ptr + group_offs, mask=mask_kn, other=0).to(tl.float32)
         w = ((q.to(tl.float32) - zero) * scale).to(dtype)  # [BLOCK_K, BLOCK_N]
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
     tl.store(
@@ -109,8 +127,12 @@ def launch_w4a16_gemm(
     g_idx: torch.Tensor | None,
     group_size: int,
     tiles: tuple[int, int, int, int],
+    unpack_once: bool = False,
 ) -> torch.Tensor:
-    """`w4a16_gemm` with explicit tiles (BLOCK_M, BLOCK_N, BLOCK_K, num_warps)."""
+    """`w4a16_gemm` with explicit tiles (BLOCK_M, BLOCK_N, BLOCK_K, num_warps). `unpack_once`:
+    the candidate inner loop (each packed int32 read once and unpacked in registers, one row of
+    scales and zeros per tile inside one group); tested against the reference, not yet run on a
+    GPU, so `w4a16_gemm` does not use it (`bench/w4a16_candidate.py` times it)."""
     block_m, block_n, block_k, num_warps = tiles
     check_dot_tiles(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     check(OP, x.dim() == 2 and qweight.dim() == 2, "x and qweight must be 2-D")
@@ -151,6 +173,7 @@ def launch_w4a16_gemm(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        UNPACK_ONCE=unpack_once,
         num_warps=num_warps,
     )
     return out

@@ -1,5 +1,6 @@
 """The Triton W4A16 GEMM against its reference (on CPU under TRITON_INTERPRET=1, tiny shapes):
-group sizes, act-order, dtypes, ragged M / N, and launch checks. bf16 runs on CUDA only:
+group sizes, act-order, dtypes, ragged M / N, and launch checks; the engine's inner loop and
+the unpack-once candidate alike. bf16 runs on CUDA only:
 Triton's CPU interpreter has no bfloat16 tl.dot."""
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ BF16 = pytest.param(
         (5, 128, 24, 128, False),
         (9, 96, 16, 32, True),
         (1, 128, 48, 64, True),
+        (4, 64, 24, 16, False),  # groups smaller than the K tile
     ],
 )
+@pytest.mark.parametrize("unpack_once", [False, True], ids=["engine", "unpack-once"])
 def test_triton_w4a16_matches_reference(
     triton_kernels: ModuleType,
     device: torch.device,
@@ -43,12 +46,13 @@ def test_triton_w4a16_matches_reference(
     n: int,
     group_size: int,
     act_order: bool,
+    unpack_once: bool,
 ) -> None:
     from loraplex.kernels.triton.w4a16 import launch_w4a16_gemm
 
     x, qweight, scales, zeros, g_idx = w4a16_inputs(m, k, n, group_size, act_order, dtype, device)
     expected = reference.w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size)
-    got = launch_w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size, TILES)
+    got = launch_w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size, TILES, unpack_once)
     assert got.dtype == dtype and got.shape == (m, n)
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
