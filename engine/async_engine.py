@@ -92,8 +92,9 @@ class _Request:
         self.failure = exc
         self.wake.set()
 
-    def output(self, request_id: str) -> RequestOutput:
-        """The cumulative output now (new lists: outputs already handed out stay intact)."""
+    def read(self, request_id: str) -> RequestOutput:
+        """The cumulative output now, marked read (new lists: outputs already handed out stay
+        intact)."""
         self.unread = False
         outputs = [
             CompletionOutput(
@@ -212,7 +213,7 @@ class AsyncEngine:
                 if not request.unread:
                     assert request.failure is not None
                     raise request.failure
-                item = request.output(request_id)
+                item = request.read(request_id)
                 finished = item.finished
                 if item.error is not None:
                     raise item.error

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -14,27 +13,19 @@ from safetensors.torch import load_file
 
 from loraplex.engine.lora.adapter import _tensor_views, has_non_finite, load_lora_adapter
 from loraplex.engine.lora.safetensors_header import data_section_start, parse_safetensors_header
+from tests.engine import test_lora_adapter as lora_adapter_tests
 from tests.engine.test_lora_adapter import (
     ARCH,
     PREFIX,
     edit_weights,
     expect_invalid,
     f32_entry,
-    save_adapter,
     write_raw_safetensors,
 )
 
-
-@pytest.fixture(scope="module")
-def good_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("good") / "adapter"
-    save_adapter(path, ["q_proj", "v_proj", "down_proj"], r=4, alpha=8)
-    return path
-
-
-@pytest.fixture
-def bad_dir(good_dir: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(good_dir, tmp_path / "adapter"))
+# The same valid adapter and fresh broken copies as test_lora_adapter.py's tests use.
+good_dir = lora_adapter_tests.good_dir
+bad_dir = lora_adapter_tests.bad_dir
 
 
 def last_in_file(path: Path) -> str:
