@@ -9,7 +9,7 @@ from loraplex.kernels.reference.fused_ops import (
 )
 from loraplex.kernels.reference.lora import lora_expand, lora_shrink
 from loraplex.kernels.reference.paged_attention import paged_attention, reshape_and_cache
-from loraplex.kernels.reference.w4a16 import dequantize_w4, w4a16_gemm
+from loraplex.kernels.reference.w4a16 import dequantize_w4, w4a16_dequantize, w4a16_gemm
 
 __all__ = [
     "apply_rotary_pos_emb",
@@ -23,5 +23,6 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "silu_and_mul",
+    "w4a16_dequantize",
     "w4a16_gemm",
 ]

@@ -36,6 +36,18 @@ def dequantize_w4(
     return (q.float() - zeros[groups].float()) * scales[groups].float()
 
 
+def w4a16_dequantize(
+    qweight: torch.Tensor,  # [K/8, N] int32
+    scales: torch.Tensor,  # [G, N]
+    zeros: torch.Tensor,  # [G, N] uint8
+    g_idx: torch.Tensor | None,  # [K] int32
+    group_size: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """-> W [K, N] in `dtype`: formed in float32, rounded once (the GEMM's W)."""
+    return dequantize_w4(qweight, scales, zeros, g_idx, group_size).to(dtype)
+
+
 def w4a16_gemm(
     x: torch.Tensor,  # [M, K]
     qweight: torch.Tensor,  # [K/8, N] int32
@@ -45,6 +57,6 @@ def w4a16_gemm(
     group_size: int,
 ) -> torch.Tensor:
     """y = x @ dequantize(W) -> [M, N] in x's dtype (a new tensor)."""
-    w = dequantize_w4(qweight, scales, zeros, g_idx, group_size).to(x.dtype)
+    w = w4a16_dequantize(qweight, scales, zeros, g_idx, group_size, x.dtype)
     # As nn.Linear multiplies: weight [N, K] contiguous (HF's layout, same sums).
     return F.linear(x, w.t().contiguous())

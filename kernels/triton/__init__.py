@@ -9,6 +9,7 @@ from loraplex.kernels.triton.rms_norm import fused_add_rms_norm, rms_norm
 from loraplex.kernels.triton.rotary import apply_rotary_pos_emb
 from loraplex.kernels.triton.silu_and_mul import silu_and_mul
 from loraplex.kernels.triton.w4a16 import w4a16_gemm
+from loraplex.kernels.triton.w4a16_dequantize import w4a16_dequantize
 
 __all__ = [
     "apply_rotary_pos_emb",
@@ -20,5 +21,6 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "silu_and_mul",
+    "w4a16_dequantize",
     "w4a16_gemm",
 ]

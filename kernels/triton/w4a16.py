@@ -5,16 +5,24 @@ Method: the AWQ / GPTQ weight-only scheme (Lin et al., 2023, "AWQ"; Frantar et a
 rows, dequantized in registers so the weight is read from memory at a quarter of its 16-bit
 size. Layout and spec: `kernels/reference/w4a16.py`.
 
-Grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)). Each program loops over K in BLOCK_K steps: loads
-the x tile, the packed rows k // 8 of its columns (each int32 serves 8 rows), shifts out row
-k's nibble, gathers the scale and zero of group g(k) (k // group_size, or g_idx[k] with
+Grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), SPLIT_K). Each program loops over its share of K
+(split-K: a few rows of x against a thin weight, as in decode, gives too few output tiles to
+fill the GPU) in BLOCK_K steps: loads the x tile and the tile's BLOCK_K / 8 packed rows (each
+int32 holds 8 rows of K) once, shifts the nibbles out in registers, takes the scale and zero of
+group g(k) (one row of each when the tile lies in one group; k // group_size, or g_idx[k] with
 act-order), forms (q - z) * s in float32, rounds it to x's dtype (the reference's rounding
-point) and accumulates the dot product in float32.
+point) and accumulates the dot product in float32. With SPLIT_K > 1 each split writes float32
+partial sums and the launcher adds them (a fixed order: deterministic).
+
+With many rows (M >= DEQUANT_MIN_M, prefill) the GEMM is compute-bound: `w4a16_gemm` then
+dequantizes W once (`w4a16_dequantize.py`) and multiplies with cuBLAS.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+from typing import NamedTuple
 
 import torch
 import triton
@@ -22,13 +30,30 @@ import triton.language as tl
 
 from loraplex.kernels.triton.launch_checks import check, check_one_device
 from loraplex.kernels.triton.tile_table import TileTable, check_dot_tiles
+from loraplex.kernels.triton.w4a16_dequantize import w4a16_dequantize
 
 OP = "w4a16_gemm"
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) by the number of rows of x. Not tuned on a GPU yet.
-W4A16_TILES: TileTable[tuple[int, int, int, int]] = TileTable(
-    ((16, (16, 64, 64, 4)), (64, (64, 64, 64, 4)), (sys.maxsize, (128, 128, 32, 8)))
+
+class W4A16Tiles(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    split_k: int = 0  # 0: chosen at launch from the grid size and the GPU's SM count
+
+
+# Tiles by the number of rows of x. Not tuned on a GPU yet.
+W4A16_TILES: TileTable[W4A16Tiles] = TileTable(
+    (
+        (16, W4A16Tiles(16, 64, 128, 4)),
+        (64, W4A16Tiles(64, 64, 64, 4)),
+        (sys.maxsize, W4A16Tiles(128, 128, 32, 8, 1)),
+    )
 )
+DEQUANT_MIN_M = 256  # from this many rows: dequantize W once, then cuBLAS
+MAX_SPLIT_K = 16
+MIN_K_STEPS_PER_SPLIT = 4
 
 
 @triton.jit
@@ -39,9 +64,11 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
     zeros_ptr,
     g_idx_ptr,
     out_ptr,
+    partial_ptr,
     M,
     N,
     K,
+    k_per_split,
     stride_xm,
     stride_om,
     GROUP_SIZE: tl.constexpr,
@@ -49,6 +76,7 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UNPACK_ONCE: tl.constexpr,
 ):
@@ -57,10 +85,12 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
     mask_m = offs_m < M
     mask_n = offs_n < N
     dtype = out_ptr.dtype.element_ty
+    k_begin = tl.program_id(2) * k_per_split  # a multiple of BLOCK_K
+    k_end = tl.minimum(k_begin + k_per_split, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
+        mask_k = offs_k < k_end
         x = tl.load(
             x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :],
             mask=mask_m[:, None] & mask_k[None, :],
@@ -71,7 +101,7 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
             rows_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
             packed = tl.load(
                 qweight_ptr + rows_p[:, None].to(tl.int64) * N + offs_n[None, :],
-                mask=(rows_p < K // 8)[:, None] & mask_n[None, :],
+                mask=(rows_p < k_end // 8)[:, None] & mask_n[None, :],
                 other=0,
             )  # [BLOCK_K / 8, BLOCK_N] int32, each read once
             shifts = tl.arange(0, 8) * 4  # nibble j of packed row p holds row 8 * p + j
@@ -84,7 +114,7 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
                 other=0,
             )  # [BLOCK_K, BLOCK_N] int32
             q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
-        if UNPACK_ONCE and not HAS_G_IDX and GROUP_SIZE % BLOCK_K == 0:
+        if not HAS_G_IDX and GROUP_SIZE % BLOCK_K == 0:
             # The whole tile lies in one group: one row of scales and zeros.
             group_row = (k0 // GROUP_SIZE) * N + offs_n
             scale = tl.load(scales_ptr + group_row, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -99,11 +129,13 @@ def _w4a16_kernel(  # type: ignore[no-untyped-def]
             zero = tl.load(zeros_ptr + group_offs, mask=mask_kn, other=0).to(tl.float32)
         w = ((q.to(tl.float32) - zero) * scale).to(dtype)  # [BLOCK_K, BLOCK_N]
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
-    tl.store(
-        out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
-        acc.to(dtype),
-        mask=mask_m[:, None] & mask_n[None, :],
-    )
+    mask_mn = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(out_ptr + out_offs, acc.to(dtype), mask=mask_mn)
+    else:
+        part_offs = (tl.program_id(2) * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
+        tl.store(partial_ptr + part_offs, acc, mask=mask_mn)
 
 
 def w4a16_gemm(
@@ -116,27 +148,24 @@ def w4a16_gemm(
 ) -> torch.Tensor:
     """y = x @ dequantize(W) -> [M, N] in x's dtype (a new tensor)."""
     m = x.shape[0]
+    if m >= DEQUANT_MIN_M:
+        check_w4a16_args(x, qweight, scales, zeros, g_idx, group_size)
+        w = w4a16_dequantize(qweight, scales, zeros, g_idx, group_size, x.dtype)  # [K, N]
+        return torch.matmul(x, w)
     return launch_w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size, W4A16_TILES.lookup(m))
 
 
-def launch_w4a16_gemm(
+def check_w4a16_args(
     x: torch.Tensor,
     qweight: torch.Tensor,
     scales: torch.Tensor,
     zeros: torch.Tensor,
     g_idx: torch.Tensor | None,
     group_size: int,
-    tiles: tuple[int, int, int, int],
-    unpack_once: bool = False,
-) -> torch.Tensor:
-    """`w4a16_gemm` with explicit tiles (BLOCK_M, BLOCK_N, BLOCK_K, num_warps). `unpack_once`:
-    the candidate inner loop (each packed int32 read once and unpacked in registers, one row of
-    scales and zeros per tile inside one group); tested against the reference, not yet run on a
-    GPU, so `w4a16_gemm` does not use it (`bench/w4a16_candidate.py` times it)."""
-    block_m, block_n, block_k, num_warps = tiles
-    check_dot_tiles(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+) -> None:
+    """Raise ValueError unless the arguments are a W4A16 GEMM in the documented layout."""
     check(OP, x.dim() == 2 and qweight.dim() == 2, "x and qweight must be 2-D")
-    m, k = x.shape
+    k = x.shape[1]
     n = qweight.shape[1]
     num_groups = scales.shape[0]
     check(OP, qweight.dtype == torch.int32 and qweight.shape[0] * 8 == k, "qweight [K/8, N] int32")
@@ -151,10 +180,36 @@ def launch_w4a16_gemm(
     else:
         check(OP, tuple(g_idx.shape) == (k,) and g_idx.dtype == torch.int32, "g_idx [K] int32")
     check_one_device(OP, x, qweight, scales, zeros, *(() if g_idx is None else (g_idx,)))
+
+
+def launch_w4a16_gemm(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    g_idx: torch.Tensor | None,
+    group_size: int,
+    tiles: W4A16Tiles,
+    unpack_once: bool = True,
+) -> torch.Tensor:
+    """The K-loop kernel with explicit tiles (a benchmark or a test passes candidates).
+    `unpack_once=False`: the earlier inner loop (each packed int32 loaded once per row it holds,
+    scales and zeros gathered per element), kept until the GPU comparison decides."""
+    check_dot_tiles(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k)
+    check_w4a16_args(x, qweight, scales, zeros, g_idx, group_size)
+    m, k = x.shape
+    n = qweight.shape[1]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    grid_mn = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
+    split_k = tiles.split_k or _auto_split_k(grid_mn, k, tiles.block_k, x.device)
+    # Each split's K range is whole BLOCK_K steps, so a tile never straddles two splits.
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), tiles.block_k) * tiles.block_k
+    partial = out
+    if split_k > 1:
+        partial = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n), split_k)
     _w4a16_kernel[grid](
         x,
         qweight,
@@ -162,18 +217,44 @@ def launch_w4a16_gemm(
         zeros,
         qweight if g_idx is None else g_idx,  # unused without act-order
         out,
+        partial,
         m,
         n,
         k,
+        k_per_split,
         x.stride(0),
         out.stride(0),
         GROUP_SIZE=max(group_size, 1),
         HAS_G_IDX=g_idx is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        SPLIT_K=split_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UNPACK_ONCE=unpack_once,
-        num_warps=num_warps,
+        num_warps=tiles.num_warps,
     )
+    if split_k > 1:
+        out.copy_(partial.sum(dim=0))
     return out
+
+
+def _auto_split_k(grid_mn: int, k: int, block_k: int, device: torch.device) -> int:
+    """Splits of K so that the grid covers about two waves of the GPU's SMs, each split keeping
+    at least MIN_K_STEPS_PER_SPLIT steps of BLOCK_K."""
+    target = 2 * _num_sms(device)
+    split = 1
+    while (
+        split < MAX_SPLIT_K
+        and grid_mn * split * 2 <= target
+        and k // (split * 2) >= MIN_K_STEPS_PER_SPLIT * block_k
+    ):
+        split *= 2
+    return split
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter: no splits unless a test asks for them
+    return torch.cuda.get_device_properties(device).multi_processor_count

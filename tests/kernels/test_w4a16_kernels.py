@@ -1,7 +1,7 @@
-"""The Triton W4A16 GEMM against its reference (on CPU under TRITON_INTERPRET=1, tiny shapes):
-group sizes, act-order, dtypes, ragged M / N, and launch checks; the engine's inner loop and
-the unpack-once candidate alike. bf16 runs on CUDA only:
-Triton's CPU interpreter has no bfloat16 tl.dot."""
+"""The Triton W4A16 GEMM and dequantization against their reference (on CPU under
+TRITON_INTERPRET=1, tiny shapes): group sizes, act-order, dtypes, ragged M / N, split-K, the
+dequantize-then-matmul path for many rows, and launch checks; both inner loops of the K-loop
+kernel. bf16 runs on CUDA only: Triton's CPU interpreter has no bfloat16 tl.dot."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from loraplex.kernels import reference
 from tests.kernels.w4a16_inputs import w4a16_inputs
 
 TOLERANCES = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
-TILES = (16, 16, 32, 4)  # small tiles keep the interpreter quick
+TILES = (16, 16, 32, 4)  # small tiles keep the interpreter quick (block m, n, k, warps)
 BF16 = pytest.param(
     torch.bfloat16,
     id="bf16",
@@ -36,7 +36,11 @@ BF16 = pytest.param(
         (4, 64, 24, 16, False),  # groups smaller than the K tile
     ],
 )
-@pytest.mark.parametrize("unpack_once", [False, True], ids=["engine", "unpack-once"])
+@pytest.mark.parametrize(
+    ("unpack_once", "split_k"),
+    [(False, 1), (True, 1), (True, 3)],
+    ids=["per-row-loads", "unpack-once", "unpack-once-split3"],
+)
 def test_triton_w4a16_matches_reference(
     triton_kernels: ModuleType,
     device: torch.device,
@@ -47,15 +51,51 @@ def test_triton_w4a16_matches_reference(
     group_size: int,
     act_order: bool,
     unpack_once: bool,
+    split_k: int,
 ) -> None:
-    from loraplex.kernels.triton.w4a16 import launch_w4a16_gemm
+    from loraplex.kernels.triton.w4a16 import W4A16Tiles, launch_w4a16_gemm
 
     x, qweight, scales, zeros, g_idx = w4a16_inputs(m, k, n, group_size, act_order, dtype, device)
     expected = reference.w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size)
-    got = launch_w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size, TILES, unpack_once)
+    tiles = W4A16Tiles(*TILES, split_k=split_k)
+    got = launch_w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size, tiles, unpack_once)
     assert got.dtype == dtype and got.shape == (m, n)
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16], ids=str)
+@pytest.mark.parametrize(
+    ("k", "n", "group_size", "act_order"), [(128, 40, 32, False), (64, 24, 16, True)]
+)
+def test_triton_w4a16_dequantize_equals_reference(
+    triton_kernels: ModuleType,
+    device: torch.device,
+    dtype: torch.dtype,
+    k: int,
+    n: int,
+    group_size: int,
+    act_order: bool,
+) -> None:
+    _, qweight, scales, zeros, g_idx = w4a16_inputs(1, k, n, group_size, act_order, dtype, device)
+    expected = reference.w4a16_dequantize(qweight, scales, zeros, g_idx, group_size, dtype)
+    got = triton_kernels.w4a16_dequantize(qweight, scales, zeros, g_idx, group_size, dtype)
+    assert torch.equal(got, expected)  # the same float32 formula, rounded once
+
+
+def test_triton_w4a16_many_rows_dequantize_then_matmul(
+    triton_kernels: ModuleType, device: torch.device
+) -> None:
+    from loraplex.kernels.triton.w4a16 import DEQUANT_MIN_M
+
+    x, qweight, scales, zeros, g_idx = w4a16_inputs(
+        DEQUANT_MIN_M + 3, 64, 24, 16, True, torch.float32, device
+    )
+    got = triton_kernels.w4a16_gemm(x, qweight, scales, zeros, g_idx, 16)
+    expected = reference.w4a16_gemm(x, qweight, scales, zeros, g_idx, 16)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="group_size"):
+        triton_kernels.w4a16_gemm(x, qweight, scales, zeros, None, 32)
 
 
 def test_triton_w4a16_default_tiles_and_strided_x(
