@@ -86,7 +86,7 @@ for step in $steps; do
     w4a16) # the W4A16 GEMM and dequantization against the reference (bf16 here), then the tile sweep
            limit 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_w4a16_kernels.py \
              2>&1 | tail -5 | tee "$OUT/w4a16_tests.txt" &&
-           limit ${W4A16_TIMEOUT:-300} python3 bench/w4a16_sweep.py --json "$OUT/w4a16_sweep.json" \
+           limit ${W4A16_TIMEOUT:-300} python3 bench/w4a16_sweep.py --json "$OUT/w4a16_sweep.json" ${W4A16_ARGS:-} \
              2>&1 | tee "$OUT/w4a16_sweep.txt";;
     tp) # tensor parallelism (needs nvidia-h200-x2; not run yet): the Llama-3-8B shape at TP=1
         # and TP=2, decode steps at batch 1 and 64 (decode_step_ms) and W1 with 0 and 8

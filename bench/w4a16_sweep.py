@@ -1,8 +1,8 @@
 """W4A16 GEMM tiles and paths at Llama-3-8B projection shapes, bf16, group size 128 (a GPU only).
 
 For each row count M it times, per projection: the engine's choice (`w4a16_gemm`), the K-loop
-kernel with the table's tiles in both inner loops (`unpack_once` True / False), a sweep of
-candidate tiles (block sizes, warps, split-K) for the unpack-once loop, dequantize-then-cuBLAS,
+kernel with the table's tiles, a sweep of candidate tiles (block sizes, warps, split-K) for the
+K-loop kernel, dequantize-then-cuBLAS,
 and a bf16 matmul of the same shape. Then, per M, the candidate tiles with the least time summed
 over the four projections: what `W4A16_TILES` (keyed by M alone) should hold, and whether
 dequantize-then-matmul wins there (`DEQUANT_MIN_M`).
@@ -63,16 +63,17 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--json", help="write the timings here")
+    ap.add_argument("--row-counts", default=",".join(map(str, ROW_COUNTS)))
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a GPU")
     torch.manual_seed(0)
     weights = {name: packed_weights(k, n) for name, (n, k) in PROJECTIONS.items()}
     results: dict[str, dict[str, object]] = {}
-    for m in ROW_COUNTS:
+    for m in (int(m) for m in args.row_counts.split(",")):
         table = W4A16_TILES.lookup(m)
         totals: dict[W4A16Tiles, float] = {}
-        summary = {"engine": 0.0, "table_unpack_once": 0.0, "table_per_row": 0.0}
+        summary = {"engine": 0.0, "table_tiles": 0.0}
         summary.update({"dequant_matmul": 0.0, "bf16_matmul": 0.0})
         for name, (n, k) in PROJECTIONS.items():
             qw, sc, zr = weights[name]
@@ -81,13 +82,12 @@ def main() -> int:
             kloop = functools.partial(launch_w4a16_gemm, x, qw, sc, zr, None, GROUP_SIZE)
             row = {
                 "engine": bench_us(lambda: w4a16_gemm(x, qw, sc, zr, None, GROUP_SIZE)),  # noqa: B023
-                "table_unpack_once": bench_us(functools.partial(kloop, table, True)),
-                "table_per_row": bench_us(functools.partial(kloop, table, False)),
+                "table_tiles": bench_us(functools.partial(kloop, table)),
                 "dequant_matmul": bench_us(functools.partial(dequant_matmul, x, qw, sc, zr)),
                 "bf16_matmul": bench_us(functools.partial(torch.matmul, x, dense_w)),
             }
             for tiles in candidate_tiles(m):
-                t = bench_us(functools.partial(kloop, tiles, True))
+                t = bench_us(functools.partial(kloop, tiles))
                 totals[tiles] = totals.get(tiles, 0.0) + t
                 row.setdefault("best_candidate_us", t)
                 if t <= row["best_candidate_us"]:
