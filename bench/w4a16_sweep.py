@@ -38,8 +38,8 @@ ROW_COUNTS = (1, 16, 64, 128, 256, 1024, 4096)
 def candidate_tiles(m: int) -> list[W4A16Tiles]:
     if m <= 64:
         block_m = 16 if m <= 16 else 64
-        grid = itertools.product((32, 64, 128), (64, 128), (4,), (1, 2, 4, 8))
-        return [W4A16Tiles(block_m, n, k, w, s) for n, k, w, s in grid]
+        grid = itertools.product((64, 128), (64, 128, 256), (4, 8, 16), (2, 3, 4))
+        return [W4A16Tiles(block_m, n, k, 4, s, st) for n, k, s, st in grid]
     grid = itertools.product((64, 128), (64, 128), (32, 64), (4, 8))
     return [W4A16Tiles(bm, bn, bk, w, 1) for bm, bn, bk, w in grid]
 

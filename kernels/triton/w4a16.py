@@ -41,6 +41,7 @@ class W4A16Tiles(NamedTuple):
     block_k: int
     num_warps: int
     split_k: int = 0  # 0: chosen at launch from the grid size and the GPU's SM count
+    num_stages: int = 3  # Triton's software pipelining depth of the K loop
 
 
 # Tiles by the number of rows of x, from bench/w4a16_sweep.py on an H200 (Llama-3-8B
@@ -48,7 +49,7 @@ class W4A16Tiles(NamedTuple):
 W4A16_TILES: TileTable[W4A16Tiles] = TileTable(
     (
         (16, W4A16Tiles(16, 128, 64, 4, 8)),
-        (sys.maxsize, W4A16Tiles(64, 64, 64, 4)),
+        (sys.maxsize, W4A16Tiles(64, 128, 64, 4, 8)),
     )
 )
 DEQUANT_MIN_M = 65  # from this many rows: dequantize W once, then cuBLAS
@@ -225,6 +226,7 @@ def launch_w4a16_gemm(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         MAGIC_2_23=0x4B000000,  # float32 2^23: q in the low mantissa bits
         num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     if split_k > 1:
         out.copy_(partial.sum(dim=0))
