@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 # How long a spawned core may take to load the model and report ready.
 START_TIMEOUT_S = 900.0
+# How long the core's last messages may take to leave when it stops.
+CLOSE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -99,15 +101,60 @@ def _core_main(config: EngineConfig, conn: Connection) -> None:
         conn.send(exc)
         raise
     conn.send(_info(engine))
+    pipe = CorePipeEnd(conn)
+    try:
+        EngineCore(engine, pipe.receive, pipe.send).run()
+    finally:
+        pipe.close()
 
-    def receive(timeout: float | None) -> Command | None:
-        if not conn.poll(timeout or 0):
+
+class CorePipeEnd:
+    """The engine process's end of the pipe, with a thread per direction (as vLLM v1's engine
+    core has for its sockets): the step loop never waits for the server to read a message, and
+    the server's commands leave the pipe while a step runs, so the server's event loop never
+    blocks on a full pipe either. Messages keep their order in both directions."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._inbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()  # None: EOF
+        self._outbox: queue.SimpleQueue[StepMessage | None] = queue.SimpleQueue()  # None: stop
+        self._reader = threading.Thread(target=self._read, name="loraplex-core-in", daemon=True)
+        self._writer = threading.Thread(target=self._write, name="loraplex-core-out", daemon=True)
+        self._reader.start()
+        self._writer.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                self._inbox.put(self._conn.recv())
+        except (EOFError, OSError):
+            self._inbox.put(None)  # the server is gone
+
+    def _write(self) -> None:
+        while (message := self._outbox.get()) is not None:
+            try:
+                self._conn.send(message)
+            except (BrokenPipeError, OSError):
+                return  # the server is gone: the reader sees the EOF, and the loop ends
+
+    def receive(self, timeout: float | None) -> Command | None:
+        """The next command, or None if none came within `timeout` (None: do not wait)."""
+        try:
+            command = self._inbox.get(timeout=timeout) if timeout else self._inbox.get_nowait()
+        except queue.Empty:
             return None
-        command: Command = conn.recv()
+        if command is None:
+            raise EOFError("the server closed the engine's pipe")
         return command
 
-    EngineCore(engine, receive, conn.send).run()
-    conn.close()
+    def send(self, message: StepMessage) -> None:
+        self._outbox.put(message)
+
+    def close(self) -> None:
+        """Send what is queued (the last message included), then close the pipe."""
+        self._outbox.put(None)
+        self._writer.join(timeout=CLOSE_TIMEOUT_S)
+        self._conn.close()
 
 
 class ProcessTransport:

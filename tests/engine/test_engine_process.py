@@ -1,18 +1,22 @@
 """AsyncEngine with its step loop in a process of its own: the same outputs as in a thread,
-aborts, adapters, stats, and a clean failure (never a hang) when the process dies."""
+aborts, adapters, stats, and a clean failure (never a hang) when the process dies; the core's
+end of the pipe (a thread per direction) keeps order and blocks neither side."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import pickle
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 from loraplex.engine import AsyncEngine, LoRARequest, SamplingParams
-from loraplex.engine.core_transport import ProcessTransport
+from loraplex.engine.core_transport import ProcessTransport, CorePipeEnd
+from loraplex.engine.engine_core import AbortRequest, StepMessage
 from loraplex.engine.errors import (
     EngineDeadError,
     InvalidAdapterError,
@@ -114,3 +118,30 @@ def test_engine_errors_survive_pickling() -> None:
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error) and str(copy) == str(error)
         assert getattr(copy, "param", None) == getattr(error, "param", None)
+
+
+def test_the_core_end_of_the_pipe_keeps_order_and_blocks_neither_side() -> None:
+    server, core = multiprocessing.Pipe()
+    end = CorePipeEnd(core)
+    # ~2 MB of commands, far more than a pipe holds, while the step loop is not receiving: the
+    # core's reader thread takes them off the pipe, so the server's sends return.
+    commands = [AbortRequest(f"{i}-" + "x" * 100_000) for i in range(20)]
+    sender = threading.Thread(target=lambda: [server.send(c) for c in commands], daemon=True)
+    sender.start()
+    sender.join(timeout=30)
+    assert not sender.is_alive(), "the server blocked on a full pipe"
+    # The step loop hands messages over without waiting for the server to read them.
+    messages = [StepMessage(died=f"{i}-" + "y" * 100_000) for i in range(20)]
+    for message in messages:
+        end.send(message)
+    received = [end.receive(5.0) for _ in commands]
+    assert [c.request_id for c in received if isinstance(c, AbortRequest)] == [
+        c.request_id for c in commands
+    ]
+    assert end.receive(None) is None  # nothing more: no wait
+    assert [server.recv().died for _ in messages] == [m.died for m in messages]
+    end.send(StepMessage(died="last"))
+    server.close()
+    with pytest.raises(EOFError):  # the server is gone: the loop ends
+        end.receive(5.0)
+    end.close()  # returns although nobody reads the last message
