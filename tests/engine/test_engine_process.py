@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from loraplex.engine import AsyncEngine, LoRARequest, SamplingParams
-from loraplex.engine.core_transport import ProcessTransport, CorePipeEnd
+from loraplex.engine.core_transport import CorePipeEnd, ProcessTransport
 from loraplex.engine.engine_core import AbortRequest, StepMessage
 from loraplex.engine.errors import (
     EngineDeadError,
