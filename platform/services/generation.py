@@ -24,6 +24,7 @@ from loraplex.platform.errors import (
 )
 from loraplex.platform.ratelimit import RateLimitDecision, rate_limit_headers
 from loraplex.platform.state import AppState
+from loraplex.platform.token_times import TokenTimes
 from loraplex.platform.usage import Endpoint, RequestStatus, UsageEvent
 
 logger = logging.getLogger(__name__)
@@ -118,9 +119,7 @@ class GenerationRun:
         self.started = time.monotonic()
         self.num_completion_tokens = 0
         self.num_cached_tokens = 0
-        self._first_token_at: float | None = None
-        self._last_token_at: float | None = None
-        self._gaps: list[float] = []
+        self._token_times = TokenTimes()
         self._finished = False
         state.metrics.request_started(tenant.name)
 
@@ -158,14 +157,8 @@ class GenerationRun:
                 await self.finish(status or "aborted")
 
     def _observe(self, output: RequestOutput) -> None:
-        if sum(len(o.token_ids) for o in output.outputs) > self.num_completion_tokens:
-            now = time.monotonic()
-            if self._first_token_at is None:
-                self._first_token_at = now
-            elif self._last_token_at is not None:
-                self._gaps.append(now - self._last_token_at)
-            self._last_token_at = now
         self._count(output)
+        self._token_times.observe(self.num_completion_tokens)
 
     def _count(self, output: RequestOutput) -> None:
         """Token counts as the engine has them in `output` (cumulative)."""
@@ -222,7 +215,8 @@ class GenerationRun:
         else:  # the client sees the end only once its usage row is committed
             await state.usage.write(usage)
         state.metrics.request_finished(tenant.name)
-        ttft = (self._first_token_at - self.started) if self._first_token_at else None
+        first_token_at = self._token_times.first_token_at
+        ttft = None if first_token_at is None else first_token_at - self.started
         state.metrics.observe_request(
             tenant.name,
             plan.model,  # the adapter's name, or the base model's
@@ -231,7 +225,7 @@ class GenerationRun:
             completion_tokens=self.num_completion_tokens,
             ttft_s=ttft,
             e2e_s=elapsed,
-            inter_token_s=self._gaps,
+            inter_token_s=self._token_times.gaps,
         )
 
 
