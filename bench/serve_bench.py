@@ -10,7 +10,9 @@ requests through the `openai` client, streaming, as a Poisson process at each `-
 rate (`inf`: all at once, saturation), from `--client-processes` processes (one Python process
 parsing 512 streams is slower than the server); requests spread round-robin over the adapters
 and the base model. Reports per rate: output tok/s, time to first token and inter-token latency
-p50 / p90 / p99. Last, with the server stopped, the offline engine (`LLM.generate`) runs the
+p50 / p90 / p99, and the CPU time of the server's API process and of its engine process (per
+output token, and as a share of one core: near 1.0, that process is the bottleneck). Last, with
+the server stopped, the offline engine (`LLM.generate`) runs the
 same requests: the server's throughput at saturation is reported against it. Prompts are fresh
 random tokens for every rate (prefix caching would otherwise serve repeats).
 """
@@ -56,6 +58,23 @@ LORAPLEX = [
 def cli(env: dict[str, str], *args: str) -> str:
     command = [*LORAPLEX, *args]
     return subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a live process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def server_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of the server's process ("api": HTTP, auth, streaming) and of its children
+    (the engine process, plus any tensor-parallel workers: "engine")."""
+    children = [
+        int(c)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for c in (task / "children").read_text().split()
+    ]
+    return {"api": cpu_seconds(pid), "engine": sum(cpu_seconds(c) for c in children)}
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -236,10 +255,18 @@ def main() -> None:
             prompts = random_prompts(
                 args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=i
             )
+            before = server_cpu_seconds(server.pid)
             run = run_rate(
                 clients, args.client_processes, base_url, key[0], models, prompts, rate,
                 args.output_len, seed=i,
             )  # fmt: skip
+            after = server_cpu_seconds(server.pid)
+            tokens = run["output_tok_s"] * run["seconds"]
+            for part in ("api", "engine"):
+                used = after[part] - before[part]
+                run[f"{part}_cpu_s"] = used
+                run[f"{part}_cpu_share"] = used / run["seconds"]  # 1.0: one core busy throughout
+                run[f"{part}_cpu_ms_per_token"] = 1000 * used / max(tokens, 1)
             results["rates"].append(run)
             print(json.dumps(run), flush=True)
     finally:
