@@ -20,7 +20,6 @@ dequantizes W once (`w4a16_dequantize.py`) and multiplies with cuBLAS.
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import NamedTuple
 
@@ -40,7 +39,7 @@ class W4A16Tiles(NamedTuple):
     block_n: int
     block_k: int
     num_warps: int
-    split_k: int = 0  # 0: chosen at launch from the grid size and the GPU's SM count
+    split_k: int = 1  # programs along K; > 1 adds float32 partial sums
     num_stages: int = 3  # Triton's software pipelining depth of the K loop
 
 
@@ -53,8 +52,6 @@ W4A16_TILES: TileTable[W4A16Tiles] = TileTable(
     )
 )
 DEQUANT_MIN_M = 65  # from this many rows: dequantize W once, then cuBLAS
-MAX_SPLIT_K = 16
-MIN_K_STEPS_PER_SPLIT = 4
 
 
 @triton.jit
@@ -195,8 +192,8 @@ def launch_w4a16_gemm(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    grid_mn = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
-    split_k = tiles.split_k or _auto_split_k(grid_mn, k, tiles.block_k, x.device)
+    split_k = tiles.split_k
+    check(OP, split_k >= 1, f"split_k must be >= 1, got {split_k}")
     # Each split's K range is whole BLOCK_K steps, so a tile never straddles two splits.
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), tiles.block_k) * tiles.block_k
     partial = out
@@ -231,24 +228,3 @@ def launch_w4a16_gemm(
     if split_k > 1:
         out.copy_(partial.sum(dim=0))
     return out
-
-
-def _auto_split_k(grid_mn: int, k: int, block_k: int, device: torch.device) -> int:
-    """Splits of K so that the grid covers about two waves of the GPU's SMs, each split keeping
-    at least MIN_K_STEPS_PER_SPLIT steps of BLOCK_K."""
-    target = 2 * _num_sms(device)
-    split = 1
-    while (
-        split < MAX_SPLIT_K
-        and grid_mn * split * 2 <= target
-        and k // (split * 2) >= MIN_K_STEPS_PER_SPLIT * block_k
-    ):
-        split *= 2
-    return split
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1  # the interpreter: no splits unless a test asks for them
-    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -125,3 +125,7 @@ def test_triton_w4a16_rejects_bad_arguments(
         gemm(x, qweight, scales, zeros.int(), None, 32)
     with pytest.raises(ValueError, match="g_idx"):
         gemm(x, qweight, scales, zeros, torch.zeros(64, dtype=torch.int64, device=device), 32)
+    from loraplex.kernels.triton.w4a16 import W4A16Tiles, launch_w4a16_gemm
+
+    with pytest.raises(ValueError, match="split_k"):
+        launch_w4a16_gemm(x, qweight, scales, zeros, None, 32, W4A16Tiles(*TILES, split_k=0))
