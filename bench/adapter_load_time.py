@@ -4,7 +4,7 @@ Builds a Llama-3-8B-shaped adapter (rank 16, all 7 projections, bf16: 84 MB) and
 `AdapterLoader.load` with a content hash given, as the platform loads it: the median of
 `--repeats` loads, and the median of each stage on its own (read, header + tensor index,
 NaN/Inf check, pack). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
-pinned on CUDA hosts. The file stays in the page cache: this is the CPU's part of a load.
+packed into the CPU cache's pages (HostPagePool, pinned on CUDA hosts). The file stays in the page cache: this is the CPU's part of a load.
 
     python bench/adapter_load_time.py [--repeats 15] [--json]
 """
@@ -23,9 +23,16 @@ import torch
 from workload import LORA_MODULES, SHAPES, write_random_adapter
 
 from loraplex.engine.lora import adapter as adapter_module
+from loraplex.engine.lora.adapter import LoRAAdapter
 from loraplex.engine.lora.adapter_config import parse_adapter_config
 from loraplex.engine.lora.adapter_loader import AdapterLoader
-from loraplex.engine.lora.page_layout import pack_adapter, plan_layout
+from loraplex.engine.lora.host_pages import HostPagePool
+from loraplex.engine.lora.page_layout import (
+    AdapterPageLayout,
+    max_adapter_pages,
+    pack_adapter,
+    plan_layout,
+)
 from loraplex.engine.lora.safetensors_header import data_section_start, parse_safetensors_header
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.request import LoRARequest
@@ -44,7 +51,18 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def stage_ms(path: Path, arch: ModelArchConfig, pin: bool, repeats: int) -> dict[str, float]:
+def pack_into_pool(
+    pool: HostPagePool, adapter: LoRAAdapter, layout: AdapterPageLayout, layers: int, dtype
+) -> None:
+    run = pool.allocate(layout.num_pages)
+    assert run is not None
+    pack_adapter(adapter, layout, layers, PAGE_SIZE, dtype, out=pool.view(run))
+    pool.free(run)
+
+
+def stage_ms(
+    path: Path, arch: ModelArchConfig, pool: HostPagePool, repeats: int
+) -> dict[str, float]:
     """Each stage of a load, timed alone on the same inputs the load gives it."""
     config_bytes, data = adapter_module._read_files(path)
     config = parse_adapter_config(config_bytes, MAX_LORA_RANK)
@@ -69,7 +87,7 @@ def stage_ms(path: Path, arch: ModelArchConfig, pin: bool, repeats: int) -> dict
             lambda: adapter_module._check_finite(data, start, tensors, views, index), repeats
         ),
         "pack": median_ms(
-            lambda: pack_adapter(adapter, layout, layers, PAGE_SIZE, dtype, pin_memory=pin),
+            lambda: pack_into_pool(pool, adapter, layout, layers, dtype),
             repeats,
         ),
     }
@@ -85,14 +103,23 @@ def main() -> None:
         Path(tempfile.mkdtemp()) / "adapter", SHAPES["llama3-8b"], RANK, 0, modules=LORA_MODULES
     )
     pin = torch.cuda.is_available()
-    loader = AdapterLoader(arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, pin_memory=pin)
+    shapes = adapter_module.lora_module_shapes(arch)
+    max_pages = max_adapter_pages(MAX_LORA_RANK, shapes, PAGE_SIZE)
+    pool = HostPagePool(max_pages, arch.num_hidden_layers, PAGE_SIZE, torch.bfloat16, pin)
+    loader = AdapterLoader(arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, host_pages=pool)
     request = LoRARequest("bench", 1, str(path), content_hash="0" * 64)
-    loader.load(request)  # warm-up: imports, allocator
+
+    def load() -> None:
+        run = loader.load(request).host_run
+        assert run is not None, "packed into the CPU cache's pages"
+        pool.free(run)
+
+    load()  # warm-up: imports, allocator
     result = {
         "adapter_mb": round(sum(f.stat().st_size for f in path.iterdir()) / 1e6, 1),
         "pinned": pin,
-        "load_ms": median_ms(lambda: loader.load(request), args.repeats),
-        **{f"{k}_ms": v for k, v in stage_ms(path, arch, pin, args.repeats).items()},
+        "load_ms": median_ms(load, args.repeats),
+        **{f"{k}_ms": v for k, v in stage_ms(path, arch, pool, args.repeats).items()},
     }
     loader.shutdown()
     if args.json:

@@ -52,7 +52,7 @@ for step in $steps; do
          python3 -c "import torch, triton, transformers, peft; print(torch.__version__, triton.__version__, transformers.__version__, peft.__version__)"
          python3 -m pip show loraplex | sed -n 1,2p;;
     gpu-tests) limit ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --durations=15 \
-                 tests/kernels tests/engine 2>&1 | grep -v Loading | tee "$OUT/gpu_tests.txt";;
+                 ${TESTS:-tests/kernels tests/engine} 2>&1 | grep -v Loading | tee "$OUT/gpu_tests.txt";;
     kernels) limit 100 python3 bench/kernels_bench.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels.txt";;
     tput) limit ${TPUT_TIMEOUT:-160} python3 bench/offline_throughput.py --shape llama3-8b --device cuda \
             --num-prompts 64 --min-prompt 512 --max-prompt 512 --output-len 128 \

@@ -106,12 +106,15 @@ class LoRAConfig:
     max_loras: int | None = None
     max_lora_rank: int = 64
     max_cpu_loras: int = 64  # packed adapters kept in host memory (LRU)
+    # Host memory for them, taken once at start (pinned on CUDA: asynchronous uploads).
+    cpu_lora_cache_gb: float = 4.0
     max_gpu_loras: int = 2048  # adapters resident on the GPU at once (rows of its tables)
 
     def __post_init__(self) -> None:
         _require(self.max_loras is None or self.max_loras > 0, "max_loras must be > 0 or None")
         _require(0 < self.max_lora_rank <= 512, "max_lora_rank must be in (0, 512]")
         _require(self.max_cpu_loras > 0, "max_cpu_loras must be > 0")
+        _require(self.cpu_lora_cache_gb >= 0, "cpu_lora_cache_gb must be >= 0")
         _require(self.max_gpu_loras > 0, "max_gpu_loras must be > 0")
 
 

@@ -2,9 +2,9 @@
 
 A load reads and validates the PEFT directory (engine/lora/adapter.py), then packs its weights
 into the page layout they will have on the GPU (engine/lora/page_layout.py), in the model's
-dtype. `pin_memory` packs into pinned memory (an asynchronous upload), but pinning is itself slow
-and stalls the CUDA calls of the engine's thread meanwhile: the engine loads into pageable memory
-(see engine/lora/lora_manager.py).
+dtype, straight into a run of the CPU cache's pages (engine/lora/host_pages.py: pinned once at
+start, so a load makes no CUDA call and its upload is asynchronous). When no run is free, the
+adapter is packed into memory of its own (pageable: correct, but its upload waits for the host).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from loraplex.engine.lora.adapter import (
     load_lora_adapter,
     lora_module_shapes,
 )
+from loraplex.engine.lora.host_pages import HostPagePool, HostRun
 from loraplex.engine.lora.page_layout import AdapterPageLayout, pack_adapter, plan_layout
 from loraplex.engine.request import LoRARequest
 
@@ -44,6 +45,7 @@ class CpuAdapter:
     load_seconds: float  # disk -> packed
     # Tensor parallelism: `packed` is rank 0's shard; these are ranks 1 .. N-1's.
     packed_shards: tuple[torch.Tensor, ...] = ()
+    host_run: HostRun | None = None  # where `packed` lives in the HostPagePool, if there
 
 
 class AdapterLoader:
@@ -53,16 +55,17 @@ class AdapterLoader:
         max_lora_rank: int,
         page_size: int,
         dtype: torch.dtype,
-        pin_memory: bool,
+        host_pages: HostPagePool | None = None,
         tp_layouts: Sequence[TPLayout] = (),
     ) -> None:
-        """`tp_layouts`: every rank's share under tensor parallelism (each rank's shard of an
-        adapter is packed; the layout is the same for all)."""
+        """`host_pages`: where packed adapters go (else each into memory of its own).
+        `tp_layouts`: every rank's share under tensor parallelism (each rank's shard of an
+        adapter is packed; the layout is the same for all; rank 0's into `host_pages`)."""
         self.arch = arch
         self.max_lora_rank = max_lora_rank
         self.page_size = page_size
         self.dtype = dtype
-        self.pin_memory = pin_memory
+        self.host_pages = host_pages
         self.tp_layouts = tuple(tp_layouts)
         self.module_shapes = lora_module_shapes(arch)
         if self.tp_layouts:
@@ -83,25 +86,34 @@ class AdapterLoader:
             adapter.rank, adapter.target_modules, self.module_shapes, self.page_size
         )
         shares = [shard_adapter(adapter, tp) for tp in self.tp_layouts] or [adapter]
-        packed = [
-            pack_adapter(
-                share,
-                layout,
-                self.arch.num_hidden_layers,
-                self.page_size,
-                self.dtype,
-                pin_memory=self.pin_memory,
-            )  # fmt: skip
-            for share in shares
-        ]
-        converted = any(a.dtype != self.dtype for a, _ in adapter.weights.values())
-        if converted and any(map(has_non_finite, packed)):  # fp32 beyond the model dtype
-            raise InvalidAdapterError(
-                f"{lora_request.lora_path}: weights overflow the model's dtype {self.dtype}"
-            )
+        pool = self.host_pages
+        run = pool.allocate(layout.num_pages) if pool is not None else None
+        rank0_out = pool.view(run) if pool is not None and run is not None else None
+        num_layers = self.arch.num_hidden_layers
+        try:
+            packed = [
+                pack_adapter(share, layout, num_layers, self.page_size, self.dtype,
+                             out=rank0_out if i == 0 else None)
+                for i, share in enumerate(shares)
+            ]  # fmt: skip
+            converted = any(a.dtype != self.dtype for a, _ in adapter.weights.values())
+            if converted and any(map(has_non_finite, packed)):  # fp32 beyond the model dtype
+                raise InvalidAdapterError(
+                    f"{lora_request.lora_path}: weights overflow the model's dtype {self.dtype}"
+                )
+        except BaseException:
+            if pool is not None and run is not None:
+                pool.free(run)
+            raise
         seconds = time.perf_counter() - start
         return CpuAdapter(
-            adapter.content_hash, layout, packed[0], adapter.scaling, seconds, tuple(packed[1:])
+            adapter.content_hash,
+            layout,
+            packed[0],
+            adapter.scaling,
+            seconds,
+            tuple(packed[1:]),
+            run,
         )
 
     def shutdown(self) -> None:

@@ -83,11 +83,17 @@ class AdapterTables:
     ) -> None:
         """An adapter's pages into blocks `ids` and its row of the tables."""
         device = self.device
-        staged = packed.to(device, non_blocking=True)  # [L, P, page_size]
-        gpu_ids = ids.to(device, non_blocking=True)
+        staged = _pages_to(packed, device)  # [L, P, page_size]
+        # One small copy for the block ids and the row; from pinned memory on CUDA: a copy from
+        # pageable memory makes the host wait for the copy stream, and so for the steps queued
+        # on the compute stream before it.
+        meta = torch.cat([ids, rows.flatten().to(torch.int64)])
+        if device.type == "cuda":
+            meta = meta.pin_memory()
+        gpu_ids, gpu_rows = meta.to(device, non_blocking=True).split([ids.shape[0], rows.numel()])
+        gpu_rows = gpu_rows.view(3, NUM_SLICES).to(torch.int32)
         self.pages.index_copy_(1, gpu_ids, staged)
         self.page_table[resident_id, : ids.shape[0]].copy_(gpu_ids.to(torch.int32))
-        gpu_rows = rows.to(device, non_blocking=True)
         self.first_a[:, resident_id].copy_(gpu_rows[0])
         self.first_b[:, resident_id].copy_(gpu_rows[1])
         self.ranks[:, resident_id].copy_(gpu_rows[2])
@@ -96,6 +102,15 @@ class AdapterTables:
     def apply(self, upload: ShardUpload) -> None:
         ids = torch.tensor(upload.block_ids, dtype=torch.int64)
         self.write(upload.packed, ids, upload.rows, upload.scaling, upload.resident_id)
+
+
+def _pages_to(packed: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[num_layers, num_pages, page_size] on `device`, in one copy: a run of the host page
+    pool (page-major in memory) travels as it lies and is viewed back on the device."""
+    page_major = packed.transpose(0, 1)  # [P, L, page_size]
+    if page_major.is_contiguous():
+        return page_major.to(device, non_blocking=True).transpose(0, 1)
+    return packed.to(device, non_blocking=True)
 
 
 class AdapterPool(AdapterTables):
@@ -132,6 +147,12 @@ class AdapterPool(AdapterTables):
         if resident.ready is not None and resident.ready.query():
             resident.ready = None
         return resident.ready is None
+
+    def upload_event(self, content_hash: str) -> torch.cuda.Event | None:
+        """The adapter's upload while it may still be in flight; None once done (or not
+        resident)."""
+        resident = self._resident.get(content_hash)
+        return None if resident is None else resident.ready
 
     def resident_id(self, content_hash: str) -> int:
         return self._resident[content_hash].resident_id

@@ -4,7 +4,8 @@ Adapters are keyed internally by their content hash, never by name or id alone: 
 id with new files gets new weights and new prefix-cache keys (vLLM #42125, #47724).
 
     registered   lora_int_id -> (name, path, content hash); `add_lora` also loads it now
-    CPU cache    packed adapters, LRU (max_cpu_loras), read from disk on worker threads
+    CPU cache    packed adapters, LRU (max_cpu_loras, in cpu_lora_cache_gb of pages pinned
+                 at start: HostPagePool), read from disk on worker threads
     GPU          pages in the KV cache's blocks (AdapterPool): as many as memory allows
 
 Each step `poll(waiting)` moves loads along without ever blocking: finished disk reads enter the
@@ -37,6 +38,7 @@ from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.lora.adapter import ArchLike
 from loraplex.engine.lora.adapter_loader import AdapterLoader, CpuAdapter
 from loraplex.engine.lora.adapter_pool import AdapterPool
+from loraplex.engine.lora.host_pages import HostPagePool
 from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
 from loraplex.engine.lora.page_layout import SLICES, max_adapter_pages
 from loraplex.engine.request import LoRARequest, Request
@@ -74,15 +76,15 @@ class LoRAManager:
         self.reduce = reduce
         layouts = list(tp_layouts)
         page_size = pages.shape[2]
-        # Pageable CPU buffers, not pinned: pinning ~90 MB (cudaHostAlloc) stalled the engine's
-        # own CUDA calls for 18-59 ms on an H200 host, every step that a new adapter loaded;
-        # pageable loads delayed no step by more than 1 ms (bench/results/h200-c5586d5).
         self.loader = AdapterLoader(
-            arch, config.max_lora_rank, page_size, dtype, pin_memory=False, tp_layouts=layouts
+            arch, config.max_lora_rank, page_size, dtype, tp_layouts=layouts
         )
         self.max_pages = max_adapter_pages(
             config.max_lora_rank, self.loader.module_shapes, page_size
         )
+        self.host_pages = create_host_pages(config, arch.num_hidden_layers, page_size, dtype,
+                                            self.max_pages, pin=self.device.type == "cuda")  # fmt: skip
+        self.loader.host_pages = self.host_pages
         self.pool = AdapterPool(
             kv_cache_manager, pages, min(config.max_gpu_loras, pages.shape[1]), self.max_pages
         )
@@ -302,6 +304,7 @@ class LoRAManager:
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()
+        self.host_pages.check_integrity()
         assert not set(self._loading) & set(self._cpu), "an adapter both loading and cached"
 
     def shutdown(self) -> None:
@@ -328,6 +331,8 @@ class LoRAManager:
                 continue
             if content_hash in self._sources:  # still wanted (not dropped meanwhile)
                 self._cache_on_cpu(cpu, "cpu")
+            else:
+                self._free_host_run(cpu)
 
     def _report_finished_uploads(self) -> None:
         for content_hash, start in list(self._uploading.items()):
@@ -343,13 +348,31 @@ class LoRAManager:
 
     def _cache_on_cpu(self, cpu: CpuAdapter, tier: AdapterTier) -> None:
         self._num_pages[cpu.content_hash] = cpu.layout.num_pages
+        self._drop_from_cpu(cpu.content_hash)  # re-added: the new copy replaces the old
         self._cpu[cpu.content_hash] = cpu
-        self._cpu.move_to_end(cpu.content_hash)
         self.stats["cpu_loads"] += 1
         self._report_load(cpu.content_hash, tier, cpu.load_seconds)
         while len(self._cpu) > self.config.max_cpu_loras:
-            self._cpu.popitem(last=False)  # an upload in flight keeps its memory alive
+            self._drop_from_cpu(next(iter(self._cpu)))
             self.stats["cpu_evictions"] += 1
+        # Keep the largest adapter's pages free for the next load, least recently used first.
+        room = min(self.max_pages, self.host_pages.num_pages)
+        for content_hash in list(self._cpu)[:-1]:
+            if self.host_pages.num_free_pages >= room:
+                break
+            if self._cpu[content_hash].host_run is not None:
+                self._drop_from_cpu(content_hash)
+                self.stats["cpu_evictions"] += 1
+
+    def _drop_from_cpu(self, content_hash: str) -> None:
+        """Out of the CPU cache; its pages come back once an upload reading them is done."""
+        cpu = self._cpu.pop(content_hash, None)
+        if cpu is not None:
+            self._free_host_run(cpu)
+
+    def _free_host_run(self, cpu: CpuAdapter) -> None:
+        if cpu.host_run is not None:
+            self.host_pages.free(cpu.host_run, after=self.pool.upload_event(cpu.content_hash))
 
     def _report_load(self, content_hash: str, tier: AdapterTier, seconds: float) -> None:
         source = self._sources.get(content_hash)
@@ -362,14 +385,30 @@ class LoRAManager:
             return
         if any(_hash(r) == content_hash for r in self._registered.values()):
             return
+        self._drop_from_cpu(content_hash)
         tables = (
-            self._sources, self._cpu, self._failed, self._modules, self._uploading,
-            self._num_pages,
+            self._sources, self._failed, self._modules, self._uploading, self._num_pages,
         )  # fmt: skip
         for table in tables:
             table.pop(content_hash, None)
         if content_hash in self.pool and self.pool.is_ready(content_hash):
             self.pool.evict(content_hash)  # else its upload ends and LRU evicts it later
+
+
+def create_host_pages(
+    config: LoRAConfig,
+    num_layers: int,
+    page_size: int,
+    dtype: torch.dtype,
+    max_pages: int,
+    pin: bool,
+) -> HostPagePool:
+    """The CPU cache's pages: room for max_cpu_loras of the largest adapters and one more
+    loading, within cpu_lora_cache_gb (adapters that find no room are packed apart)."""
+    page_bytes = num_layers * page_size * dtype.itemsize
+    budget = int(config.cpu_lora_cache_gb * 2**30) // page_bytes
+    num_pages = min((config.max_cpu_loras + 1) * max_pages, budget)
+    return HostPagePool(num_pages, num_layers, page_size, dtype, pin)
 
 
 def _hash(lora_request: LoRARequest) -> str:

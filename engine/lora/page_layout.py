@@ -146,21 +146,23 @@ def pack_adapter(
     num_layers: int,
     page_size: int,
     dtype: torch.dtype,
-    pin_memory: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The adapter's pages, [num_layers, layout.num_pages, page_size] in `dtype` on the CPU
-    (pinned for an asynchronous copy to the GPU). Unused tails of pages are zero.
+    """The adapter's pages, [num_layers, layout.num_pages, page_size] in `dtype` on the CPU,
+    written into `out` when given (a run of the CPU cache's pinned pages: HostPagePool.view).
+    Unused tails of pages are zero.
 
     Every page belongs to exactly one matrix (plan_layout places them back to back), so
     writing each matrix and zeroing its pages' tails fills the buffer: no zero-fill first.
     Each weight is copied once, converted to `dtype` on the way."""
-    packed = torch.empty(
-        (num_layers, layout.num_pages, page_size), dtype=dtype, pin_memory=pin_memory
-    )
+    shape = (num_layers, layout.num_pages, page_size)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype)
+    assert out.shape == shape and out.dtype == dtype and out.stride(2) == 1
     for i, module in enumerate(SLICES):
         if layout.first_a[i] < 0:
             continue
         pairs = [adapter.weights[(layer, module)] for layer in range(num_layers)]
-        _place(packed, layout.first_a[i], [a for a, _ in pairs], page_size)  # A [r, in_dim]
-        _place(packed, layout.first_b[i], [b.T for _, b in pairs], page_size)  # B^T [r, out]
-    return packed
+        _place(out, layout.first_a[i], [a for a, _ in pairs], page_size)  # A [r, in_dim]
+        _place(out, layout.first_b[i], [b.T for _, b in pairs], page_size)  # B^T [r, out]
+    return out

@@ -95,8 +95,9 @@ def upload(pool: AdapterPool, adapter: LoRAAdapter, dtype: torch.dtype) -> CpuAd
     """Start the adapter's upload (packed as AdapterLoader packs it: pinned, the model's dtype);
     returns the packed adapter, which the caller keeps alive as LoRAManager's CPU cache does."""
     layout = plan_layout(adapter.rank, adapter.target_modules, SHAPES, PAGE_SIZE)
-    pin = pool.device.type == "cuda"
-    packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, dtype, pin_memory=pin)
+    packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, dtype)
+    if pool.device.type == "cuda":
+        packed = packed.pin_memory()
     cpu = CpuAdapter(adapter.content_hash, layout, packed, adapter.scaling, 0.0)
     assert pool.upload(cpu, keep=())
     return cpu
