@@ -40,6 +40,7 @@ from workload import synthetic_prompts, write_random_adapter, write_shape_checkp
 
 from loraplex.engine import LLM, LoRARequest, SamplingParams
 from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.stats import AdapterLoad
 
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -104,20 +105,51 @@ def time_to_first_token(engine: LLMEngine, lora: LoRARequest | None, prompt: lis
     return elapsed
 
 
-def cold_load(engine: LLMEngine, big: list[LoRARequest], prompt: list[int]) -> dict:
-    """Added TTFT of a never-seen adapter (disk) and of one in the CPU cache only."""
-    resident, from_disk, from_cpu = big
-    time_to_first_token(engine, resident, prompt)  # now resident
-    base = statistics.median(time_to_first_token(engine, resident, prompt) for _ in range(5))
-    disk = time_to_first_token(engine, from_disk, prompt)
+def cold_adapter(files: list[Path], tag: str, trial: int) -> LoRARequest:
+    """A different adapter to the engine for each (tag, trial): its own id and content hash."""
+    path = files[trial % len(files)]
+    lora_int_id = 900_000 + 10 * trial + ["resident", "disk", "cpu"].index(tag)
+    return LoRARequest(f"{tag}{trial}", lora_int_id, str(path), fake_hash(f"cold-{tag}-{trial}"))
+
+
+def cold_load(engine: LLMEngine, files: list[Path], prompt: list[int], trials: int = 5) -> dict:
+    """Added TTFT of a never-seen adapter (read from disk) and of one in the CPU cache only,
+    against a resident one: medians over `trials`, each trial with adapters of its own (new
+    content hashes over `files`, so each is a different adapter to the engine), and the
+    engine's own timings of those loads (disk -> packed; upload start -> seen ready)."""
     manager = engine.lora_manager
     assert manager is not None
-    manager.add_lora(from_cpu)  # read into the CPU cache now, not uploaded
-    cpu = time_to_first_token(engine, from_cpu, prompt)
+    loads: list[AdapterLoad] = []
+    manager.on_adapter_load, hook = loads.append, manager.on_adapter_load
+
+    resident = cold_adapter(files, "resident", 0)
+    time_to_first_token(engine, resident, prompt)  # now resident
+    base, disk, cpu, disk_loads, uploads = [], [], [], [], []
+    for trial in range(trials):
+        base.append(time_to_first_token(engine, resident, prompt))
+        del loads[:]
+        disk.append(
+            time_to_first_token(engine, cold_adapter(files, "disk", trial), prompt) - base[-1]
+        )
+        disk_loads += [load.seconds for load in loads if load.tier == "cpu"]
+        from_cpu = cold_adapter(files, "cpu", trial)
+        manager.add_lora(from_cpu)  # read into the CPU cache now, not uploaded
+        del loads[:]
+        cpu.append(time_to_first_token(engine, from_cpu, prompt) - base[-1])
+        uploads += [load.seconds for load in loads if load.tier == "gpu"]
+    manager.on_adapter_load = hook
     return {
-        "ttft_resident_ms": 1000 * base,
-        "added_ttft_from_disk_ms": 1000 * (disk - base),
-        "added_ttft_from_cpu_cache_ms": 1000 * (cpu - base),
+        "trials": trials,
+        "ttft_resident_ms": 1000 * statistics.median(base),
+        "added_ttft_from_disk_ms": 1000 * statistics.median(disk),
+        "added_ttft_from_cpu_cache_ms": 1000 * statistics.median(cpu),
+        "disk_to_packed_ms": 1000 * statistics.median(disk_loads),
+        "upload_ms": 1000 * statistics.median(uploads),
+        "each_trial_ms": {
+            "resident": [round(1000 * x, 2) for x in base],
+            "added_from_disk": [round(1000 * x, 2) for x in disk],
+            "added_from_cpu_cache": [round(1000 * x, 2) for x in cpu],
+        },
     }
 
 
@@ -279,22 +311,19 @@ def main() -> None:
             for j in range(3)
         ]
         size_mb = sum(p.stat().st_size for p in big_files[0].iterdir()) / 1e6
-        big = [
-            LoRARequest(f"big{j}", 900_000 + j, str(p), fake_hash(f"big{j}"))
-            for j, p in enumerate(big_files)
-        ]
-        cold = cold_load(engine, big, prompts[0][:256])
+        cold = cold_load(engine, big_files, prompts[0][:256])
         cold["adapter_mb"] = size_mb
         results["cold_load"] = cold
         print(json.dumps(cold, indent=1), flush=True)
+        resident = cold_adapter(big_files, "resident", 0)
         new_file = write_random_adapter(tmp / "jitter", config, 16, seed=9999, modules=ALL)
         jitter = load_jitter(
-            engine, big[0], LoRARequest("jitter", 900_100, str(new_file), fake_hash("j")), prompts
+            engine, resident, LoRARequest("jitter", 900_100, str(new_file), fake_hash("j")), prompts
         )
         results["load_jitter"] = jitter
         print(json.dumps(jitter, indent=1), flush=True)
         if args.jitter_causes:
-            results["load_jitter_causes"] = jitter_causes(engine, big[0], config, tmp, prompts)
+            results["load_jitter_causes"] = jitter_causes(engine, resident, config, tmp, prompts)
     results["engine_stats"] = dataclasses.asdict(llm.engine.get_stats())
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

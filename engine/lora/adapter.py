@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -45,6 +46,7 @@ _TENSOR_NAME = re.compile(
 )
 
 LayerModule = tuple[int, str]  # (layer_idx, module), e.g. (0, "q_proj")
+ReadBuffer = Callable[[int], torch.Tensor]  # num_bytes -> a uint8 tensor at least that long
 
 
 class ArchLike(Protocol):
@@ -100,10 +102,13 @@ def lora_module_shapes(arch: ArchLike) -> dict[str, tuple[int, int]]:
     }
 
 
-def _read_weights(file: Path) -> torch.Tensor:
-    """The whole file as a uint8 tensor, read once into memory the tensors can then view."""
+def _read_weights(file: Path, buffer_for: ReadBuffer | None = None) -> torch.Tensor:
+    """The whole file as a uint8 tensor, read once into memory the tensors can then view:
+    `buffer_for(num_bytes)`'s, else memory of its own."""
     with file.open("rb", buffering=0) as f:
-        data = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)  # [file bytes]
+        size = os.fstat(f.fileno()).st_size
+        data = torch.empty(size, dtype=torch.uint8) if buffer_for is None else buffer_for(size)
+        data = data[:size]  # [file bytes]
         view = data.numpy().data  # [file bytes], shares memory
         num_read = 0
         while num_read < len(view) and (n := f.readinto(view[num_read:])):
@@ -114,7 +119,7 @@ def _read_weights(file: Path) -> torch.Tensor:
     return data[: num_read + len(rest)]  # shorter if it shrank
 
 
-def _read_files(path: Path) -> tuple[bytes, torch.Tensor]:
+def _read_files(path: Path, buffer_for: ReadBuffer | None = None) -> tuple[bytes, torch.Tensor]:
     if not path.is_dir():
         raise InvalidAdapterError("adapter path is not a directory")
     pickles = sorted(p.name for p in path.iterdir() if p.name.lower().endswith(PICKLE_SUFFIXES))
@@ -126,7 +131,7 @@ def _read_files(path: Path) -> tuple[bytes, torch.Tensor]:
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / name).is_file():  # also refuses FIFOs and devices, which could block
             raise InvalidAdapterError(f"adapter directory is missing {name}")
-    return (path / CONFIG_FILE).read_bytes(), _read_weights(path / WEIGHTS_FILE)
+    return (path / CONFIG_FILE).read_bytes(), _read_weights(path / WEIGHTS_FILE, buffer_for)
 
 
 def _shape_message(
@@ -275,7 +280,11 @@ def _check_finite(
 
 
 def load_lora_adapter(
-    path: str | Path, arch: ArchLike, max_lora_rank: int, content_hash: str | None = None
+    path: str | Path,
+    arch: ArchLike,
+    max_lora_rank: int,
+    content_hash: str | None = None,
+    buffer_for: ReadBuffer | None = None,
 ) -> LoRAAdapter:
     """Read, validate and load a PEFT LoRA directory for the base model `arch`.
 
@@ -287,9 +296,11 @@ def load_lora_adapter(
     adapters content-addressed). It is kept, not recomputed: hashing is the slowest part of a
     load, and every other check still runs on the bytes read now.
 
-    The weights are views of the file's bytes as read (one read, no copy), in its dtype.
+    The weights are views of the file's bytes as read (one read, no copy), in its dtype: into
+    `buffer_for(num_bytes)` (a uint8 tensor of at least that many bytes) when given, which the
+    caller must not reuse while it still uses the adapter.
     """
-    config_bytes, data = _read_files(Path(path))
+    config_bytes, data = _read_files(Path(path), buffer_for)
     config = parse_adapter_config(config_bytes, max_lora_rank)
     weights_bytes = data.numpy().data  # [file bytes], shares memory
     tensors = parse_safetensors_header(weights_bytes)

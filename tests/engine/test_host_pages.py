@@ -127,10 +127,11 @@ def test_the_cpu_cache_holds_its_adapters_in_runs_and_gives_them_back(
 
 @pytest.mark.gpu
 def test_on_cuda_the_slab_is_pinned_and_an_upload_from_a_run_is_exact() -> None:
-    pages = HostPagePool(16, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32, pin=True)
-    assert pages.slab.is_pinned()
     adapter = make_adapter(8, ("q_proj", "k_proj", "gate_proj"), seed=4)
     layout = plan_layout(8, adapter.target_modules, SHAPES, PAGE_SIZE)
+    num_pages = layout.num_pages + 2
+    pages = HostPagePool(num_pages, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32, pin=True)
+    assert pages.slab.is_pinned()
     run = pages.allocate(layout.num_pages)
     assert run is not None
     packed = pack_adapter(
@@ -138,7 +139,7 @@ def test_on_cuda_the_slab_is_pinned_and_an_upload_from_a_run_is_exact() -> None:
     )
     kv_pages = torch.full((ARCH.num_hidden_layers, 40, PAGE_SIZE), float("nan"), device="cuda")
     kv = KVCacheManager(40, block_size=4)
-    pool = AdapterPool(kv, kv_pages, max_resident=3, max_pages=16)
+    pool = AdapterPool(kv, kv_pages, max_resident=3, max_pages=layout.num_pages)
     cpu = CpuAdapter(adapter.content_hash, layout, packed, adapter.scaling, 0.0, (), run)
     pool.upload(cpu, keep=())
     pages.free(run, after=pool.upload_event(adapter.content_hash))
@@ -146,5 +147,5 @@ def test_on_cuda_the_slab_is_pinned_and_an_upload_from_a_run_is_exact() -> None:
     assert pool.is_ready(adapter.content_hash)
     block_ids = [b.block_id for b in kv.adapter_blocks[adapter.content_hash]]
     assert torch.equal(kv_pages[:, block_ids].cpu(), packed)
-    assert pages.num_free_pages == 16
+    assert pages.num_free_pages == num_pages
     pages.check_integrity()
