@@ -116,7 +116,7 @@ def cold_load(engine: LLMEngine, files: list[Path], prompt: list[int], trials: i
     """Added TTFT of a never-seen adapter (read from disk) and of one in the CPU cache only,
     against a resident one: medians over `trials`, each trial with adapters of its own (new
     content hashes over `files`, so each is a different adapter to the engine), and the
-    engine's own timings of those loads (disk -> packed; upload start -> seen ready)."""
+    engine's own time from disk to packed pages."""
     manager = engine.lora_manager
     assert manager is not None
     loads: list[AdapterLoad] = []
@@ -124,7 +124,7 @@ def cold_load(engine: LLMEngine, files: list[Path], prompt: list[int], trials: i
 
     resident = cold_adapter(files, "resident", 0)
     time_to_first_token(engine, resident, prompt)  # now resident
-    base, disk, cpu, disk_loads, uploads = [], [], [], [], []
+    base, disk, cpu, disk_loads = [], [], [], []
     for trial in range(trials):
         base.append(time_to_first_token(engine, resident, prompt))
         del loads[:]
@@ -134,9 +134,7 @@ def cold_load(engine: LLMEngine, files: list[Path], prompt: list[int], trials: i
         disk_loads += [load.seconds for load in loads if load.tier == "cpu"]
         from_cpu = cold_adapter(files, "cpu", trial)
         manager.add_lora(from_cpu)  # read into the CPU cache now, not uploaded
-        del loads[:]
         cpu.append(time_to_first_token(engine, from_cpu, prompt) - base[-1])
-        uploads += [load.seconds for load in loads if load.tier == "gpu"]
     manager.on_adapter_load = hook
     return {
         "trials": trials,
@@ -144,7 +142,6 @@ def cold_load(engine: LLMEngine, files: list[Path], prompt: list[int], trials: i
         "added_ttft_from_disk_ms": 1000 * statistics.median(disk),
         "added_ttft_from_cpu_cache_ms": 1000 * statistics.median(cpu),
         "disk_to_packed_ms": 1000 * statistics.median(disk_loads),
-        "upload_ms": 1000 * statistics.median(uploads),
         "each_trial_ms": {
             "resident": [round(1000 * x, 2) for x in base],
             "added_from_disk": [round(1000 * x, 2) for x in disk],
