@@ -10,8 +10,9 @@ requests through the `openai` client, streaming, as a Poisson process at each `-
 rate (`inf`: all at once, saturation), from `--client-processes` processes (one Python process
 parsing 512 streams is slower than the server); requests spread round-robin over the adapters
 and the base model. Reports per rate: output tok/s, time to first token and inter-token latency
-p50 / p90 / p99, and the CPU time of the server's API process and of its engine process (per
-output token, and as a share of one core: near 1.0, that process is the bottleneck). Last, with
+p50 / p90 / p99, the CPU time of the server's API process and of its engine process (per
+output token, and as a share of one core: near 1.0, that process is the bottleneck), and how fast
+requests reached the engine (its queue sampled from /metrics: EngineSampler). Last, with
 the server stopped, the offline engine (`LLM.generate`) runs the
 same requests: the server's throughput at saturation is reported against it. Prompts are fresh
 random tokens for every rate (prefix caching would otherwise serve repeats).
@@ -31,7 +32,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -75,6 +78,64 @@ def server_cpu_seconds(pid: int) -> dict[str, float]:
         for c in (task / "children").read_text().split()
     ]
     return {"api": cpu_seconds(pid), "engine": sum(cpu_seconds(c) for c in children)}
+
+
+class EngineSampler:
+    """Samples the server's /metrics every `interval` s on a thread: requests the API has
+    admitted and not finished (in flight), and the engine's running and waiting requests. How
+    fast the engine's queue fills at saturation says whether admission through the API (auth,
+    limits, tokenization, the engine pipe) holds the engine back."""
+
+    NAMES = {
+        "loraplex_requests_in_flight": "in_flight",
+        "loraplex_engine_num_requests_running": "running",
+        "loraplex_engine_num_requests_waiting": "waiting",
+    }
+
+    def __init__(self, base_url: str, interval: float = 0.25) -> None:
+        self.base_url, self.interval = base_url, interval
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> EngineSampler:
+        self._start = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as http:
+            while not self._stop.wait(self.interval):
+                sample = {"t": round(time.perf_counter() - self._start, 3)}
+                response = http.get(f"{self.base_url}/metrics")
+                response.raise_for_status()
+                for line in response.text.splitlines():
+                    name = line.split("{")[0].split(" ")[0]
+                    if name in self.NAMES:
+                        key = self.NAMES[name]
+                        sample[key] = sample.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+                self.samples.append(sample)
+
+    def summary(self, num_requests: int) -> dict:
+        """When the API had admitted 95% of the requests, when the engine held 95% of them
+        (running + waiting), and the mean running batch until the first request finished."""
+
+        def first_time(key: Callable[[dict[str, float]], float]) -> float | None:
+            return next((s["t"] for s in self.samples if key(s) >= 0.95 * num_requests), None)
+
+        held = [s.get("running", 0) + s.get("waiting", 0) for s in self.samples]
+        peak = max(range(len(held)), key=held.__getitem__, default=0)
+        running = [s.get("running", 0) for s in self.samples[: peak + 1]]
+        return {
+            "api_admitted_95pct_s": first_time(lambda s: s.get("in_flight", 0)),
+            "engine_holds_95pct_s": first_time(lambda s: s.get("running", 0) + s.get("waiting", 0)),
+            "mean_running_until_peak": sum(running) / max(len(running), 1),
+            "samples": self.samples,
+        }
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -220,6 +281,7 @@ def main() -> None:
         "LORAPLEX_MODEL": str(model_dir),
         "LORAPLEX_PORT": str(port),
         "LORAPLEX_MAX_NUM_SEQS": "256",
+        "LORAPLEX_PUBLIC_METRICS": "1",  # EngineSampler reads /metrics
         "LORAPLEX_MAX_WAITING_REQUESTS": "100000",
         "LORAPLEX_MAX_WAITING_TOKENS": "1000000000",
         "LORAPLEX_ENGINE_ARGS": json.dumps(
@@ -256,19 +318,21 @@ def main() -> None:
                 args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=i
             )
             before = server_cpu_seconds(server.pid)
-            run = run_rate(
-                clients, args.client_processes, base_url, key[0], models, prompts, rate,
-                args.output_len, seed=i,
-            )  # fmt: skip
+            with EngineSampler(base_url) as sampler:
+                run = run_rate(
+                    clients, args.client_processes, base_url, key[0], models, prompts, rate,
+                    args.output_len, seed=i,
+                )  # fmt: skip
             after = server_cpu_seconds(server.pid)
+            queue = sampler.summary(len(prompts))
             tokens = run["output_tok_s"] * run["seconds"]
             for part in ("api", "engine"):
                 used = after[part] - before[part]
                 run[f"{part}_cpu_s"] = used
                 run[f"{part}_cpu_share"] = used / run["seconds"]  # 1.0: one core busy throughout
                 run[f"{part}_cpu_ms_per_token"] = 1000 * used / max(tokens, 1)
-            results["rates"].append(run)
-            print(json.dumps(run), flush=True)
+            print(json.dumps(run | {k: v for k, v in queue.items() if k != "samples"}), flush=True)
+            results["rates"].append(run | {"queue": queue})
     finally:
         clients.shutdown()
         server.terminate()
