@@ -13,7 +13,10 @@ it times against the reference first. Run from the repo root with `loraplex` ins
    LoRABatch (begin, base GEMM, finish; o_proj's and down_proj's deltas into the residual
    stream) as CUDA graphs of all 32 layers, with a shrink output (max_lora_rank) 16 and 64 wide.
    Per layer: 'lora' = the LoRA launches alone, 'step' = (base GEMMs + LoRA) - base GEMMs.
-4. `--tiles`: candidate tiles, passed explicitly to launch_lora_shrink / launch_lora_expand, each
+4. `--many`: LoRA on q/k/v/o at ranks 8/16/32/64 in turn (max_lora_rank 64) with 8 to 128
+   distinct adapters in one step (one adapter per token at most), as in bench/many_adapters.py's
+   workload: ms per step of 32 layers and the adapters' weight bytes per second read.
+5. `--tiles`: candidate tiles, passed explicitly to launch_lora_shrink / launch_lora_expand, each
    kernel alone over a layer's 4 slice groups at T = 64 (decode row) and 4096 (prefill row).
 
 Prints a table per part; writes $OUT/kernels.json when OUT is set. Exits 1 if the sanity check
@@ -37,6 +40,7 @@ from kernel_timing import bench_us, graph_us
 from lora_step import (
     LLAMA3_8B,
     NUM_LAYERS,
+    AdapterMix,
     LoRAStep,
     create_adapter_pool,
     create_base_weights,
@@ -178,6 +182,45 @@ def time_lora(pool: AdapterPool) -> dict[str, Any]:
     return table
 
 
+MANY_RANKS = (8, 16, 32, 64)
+MANY_COUNTS = (8, 32, 128)
+MANY_TOKENS = (64, 256)
+QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def time_lora_many() -> dict[str, Any]:
+    print(
+        f"LoRA with many adapters: q/k/v/o, ranks {MANY_RANKS} in turn, max_lora_rank 64, "
+        f"{NUM_LAYERS} layers, CUDA graphs; ms per step, weight GB/s = the active adapters' "
+        "bytes / 'lora'"
+    )
+    print(f"  {'adapters':>8} {'T':>5} {'GEMMs':>8} {'lora':>8} {'step':>8} {'GB/s':>8}")
+    largest = AdapterMix(max(MANY_COUNTS), MANY_RANKS, QKVO)
+    pool = create_adapter_pool(DTYPE, DEVICE, largest)
+    weights = create_base_weights(DTYPE, DEVICE)
+    workspace = LoRAWorkspace(NUM_LAYERS, max(MANY_RANKS), DEVICE)
+    table = {}
+    for count in MANY_COUNTS:
+        for num_tokens in MANY_TOKENS:
+            mix = AdapterMix(min(count, num_tokens), MANY_RANKS, QKVO)
+            step = LoRAStep(pool, workspace, num_tokens, weights, mix)
+            if not step.sanity_check():
+                print(f"  FAIL  {count} adapters, T {num_tokens}: differs from the reference")
+                raise SystemExit(1)
+            gemms = graph_us(functools.partial(step.run, lora=False, gemms=True)) / 1e3
+            lora = graph_us(functools.partial(step.run, lora=True, gemms=False)) / 1e3
+            both = graph_us(functools.partial(step.run, lora=True, gemms=True)) / 1e3
+            gb_s = mix.weight_bytes(DTYPE) / lora / 1e6
+            cell = {"base_gemms_ms": gemms, "lora_ms": lora, "step_ms": both - gemms,
+                    "weight_gb_per_s": gb_s}  # fmt: skip
+            table[f"adapters {mix.num_adapters} T {num_tokens}"] = cell
+            print(
+                f"  {mix.num_adapters:>8} {num_tokens:>5} {gemms:8.2f} {lora:8.2f} "
+                f"{cell['step_ms']:8.2f} {gb_s:8.0f}"
+            )
+    return table
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("kernels_bench needs a CUDA GPU", file=sys.stderr)
@@ -191,12 +234,15 @@ def main() -> int:
     }
     print(" ".join(f"{k}={v}" for k, v in env.items()))
     results: dict[str, Any] = {"env": env}
-    results["paged_attention"] = time_paged_attention(triton_kernels)
-    results["fused_ops"] = time_fused_ops(triton_kernels)
-    pool = create_adapter_pool(DTYPE, DEVICE)
-    results["lora_us_per_layer"] = time_lora(pool)
-    if "--tiles" in sys.argv:
-        results["lora_tile_candidates_us_per_layer"] = time_tile_candidates(pool)
+    if "--many-only" not in sys.argv:
+        results["paged_attention"] = time_paged_attention(triton_kernels)
+        results["fused_ops"] = time_fused_ops(triton_kernels)
+        pool = create_adapter_pool(DTYPE, DEVICE)
+        results["lora_us_per_layer"] = time_lora(pool)
+        if "--tiles" in sys.argv:
+            results["lora_tile_candidates_us_per_layer"] = time_tile_candidates(pool)
+    if "--many" in sys.argv or "--many-only" in sys.argv:
+        results["lora_many_ms_per_step"] = time_lora_many()
     results["wall_s"] = time.perf_counter() - started
     print(f"done in {results['wall_s']:.1f} s")
     out_dir = os.environ.get("OUT")

@@ -1,7 +1,8 @@
 """The LoRA work of a Llama-3-8B step as the engine runs it, for bench/kernels_bench.py.
 
-8 adapters of rank 16 on all 7 modules of all 32 layers, resident in an AdapterPool over a
-pages tensor of exactly the blocks they take (the KV cache's blocks at block_size 16: pages of
+By default 8 adapters of rank 16 on all 7 modules of all 32 layers (an `AdapterMix` sets the
+count, the ranks taken in turn and the modules), resident in an AdapterPool over a pages tensor
+of exactly the blocks they take (the KV cache's blocks at block_size 16: pages of
 2 x 16 x 8 KV heads x 128 = 32768 elements, so every row of A and B^T fits a page). Each
 projection of each layer runs as MergedLinear runs it: `LoRABatch.begin` (the shrink; on the side
 stream at <= 64 tokens), the base GEMM, `LoRABatch.finish`, with o_proj's and down_proj's deltas
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Final
 
 import torch
 
@@ -36,6 +38,32 @@ INTO_RESIDUAL = {("o_proj",), ("down_proj",)}  # MergedLinear passes them the re
 UPLOAD_TIMEOUT_S = 120.0
 
 Projection = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AdapterMix:
+    """The adapters of a step: `num_adapters` distinct ones, ranks taken in turn from `ranks`,
+    on `modules`; each one's tokens are every num_adapters-th token of the step."""
+
+    num_adapters: int = NUM_ADAPTERS
+    ranks: tuple[int, ...] = (ADAPTER_RANK,)
+    modules: tuple[str, ...] = SLICES
+
+    def rank(self, i: int) -> int:
+        return self.ranks[i % len(self.ranks)]
+
+    @property
+    def groups(self) -> tuple[Projection, ...]:
+        """The projections (GROUPS) that some module of the mix adapts."""
+        return tuple(g for g in GROUPS if set(g) & set(self.modules))
+
+    def weight_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes of every adapter's A and B over all layers: what one step must read at least."""
+        per_rank = sum(sum(SHAPES[m]) for m in self.modules) * NUM_LAYERS * dtype.itemsize
+        return sum(self.rank(i) * per_rank for i in range(self.num_adapters))
+
+
+EIGHT_RANK_16: Final = AdapterMix()
 
 
 @dataclass(frozen=True)
@@ -70,20 +98,20 @@ def adapter_hash(i: int) -> str:
     return f"bench-adapter-{i}"
 
 
-def random_adapter() -> LoRAAdapter:
-    """Rank 16 on every module of every layer, scaled so that each delta is O(1)."""
+def random_adapter(rank: int, modules: tuple[str, ...]) -> LoRAAdapter:
+    """`rank` on `modules` of every layer, scaled so that each delta is O(1)."""
     weights = {}
     for layer in range(NUM_LAYERS):
-        for module in SLICES:
+        for module in modules:
             in_dim, out_dim = SHAPES[module]
-            a = torch.randn(ADAPTER_RANK, in_dim) / in_dim**0.5
-            b = torch.randn(out_dim, ADAPTER_RANK) / ADAPTER_RANK**0.5
+            a = torch.randn(rank, in_dim) / in_dim**0.5
+            b = torch.randn(out_dim, rank) / rank**0.5
             weights[(layer, module)] = (a, b)
     return LoRAAdapter(
-        rank=ADAPTER_RANK,
-        lora_alpha=2.0 * ADAPTER_RANK,
+        rank=rank,
+        lora_alpha=2.0 * rank,
         scaling=1.0,
-        target_modules=SLICES,
+        target_modules=modules,
         weights=weights,
         content_hash="bench-weights",
         size_bytes=0,
@@ -91,34 +119,40 @@ def random_adapter() -> LoRAAdapter:
     )
 
 
-def create_adapter_pool(dtype: torch.dtype, device: torch.device) -> AdapterPool:
-    """NUM_ADAPTERS adapters uploaded into a pool of exactly the blocks they take, ready. They
-    share one random adapter's packed pages (packing 8 x 32 layers x 7 modules would take long)
-    with a scaling each, so every adapter's deltas are its own."""
-    layout = plan_layout(ADAPTER_RANK, SLICES, SHAPES, PAGE_SIZE)
-    num_blocks = NUM_ADAPTERS * layout.num_pages
+def create_adapter_pool(
+    dtype: torch.dtype, device: torch.device, mix: AdapterMix = EIGHT_RANK_16
+) -> AdapterPool:
+    """The mix's adapters uploaded into a pool of exactly the blocks they take, ready. Those of
+    one rank share one random adapter's packed pages (packing hundreds of adapters would take
+    long) with a scaling each, so every adapter's deltas are its own."""
+    layouts = {r: plan_layout(r, mix.modules, SHAPES, PAGE_SIZE) for r in set(mix.ranks)}
+    num_blocks = sum(layouts[mix.rank(i)].num_pages for i in range(mix.num_adapters))
     kv = KVCacheManager(num_blocks, BLOCK_SIZE)
     pages = torch.empty((NUM_LAYERS, num_blocks, PAGE_SIZE), dtype=dtype, device=device)
-    pool = AdapterPool(kv, pages, max_resident=NUM_ADAPTERS, max_pages=layout.num_pages)
-    pin = device.type == "cuda"
-    packed = pack_adapter(random_adapter(), layout, NUM_LAYERS, PAGE_SIZE, dtype, pin)
-    for i in range(NUM_ADAPTERS):
-        cpu = CpuAdapter(adapter_hash(i), layout, packed, scaling=0.5 + i / 8, load_seconds=0.0)
+    max_pages = max(layout.num_pages for layout in layouts.values())
+    pool = AdapterPool(kv, pages, max_resident=mix.num_adapters, max_pages=max_pages)
+    packed = {
+        r: pack_adapter(random_adapter(r, mix.modules), layout, NUM_LAYERS, PAGE_SIZE, dtype)
+        for r, layout in layouts.items()
+    }
+    for i in range(mix.num_adapters):
+        rank, scaling = mix.rank(i), 0.5 + (i % 8) / 8
+        cpu = CpuAdapter(adapter_hash(i), layouts[rank], packed[rank], scaling, load_seconds=0.0)
         assert pool.upload(cpu, keep=())
     deadline = time.monotonic() + UPLOAD_TIMEOUT_S
-    while not all(pool.is_ready(adapter_hash(i)) for i in range(NUM_ADAPTERS)):
+    while not all(pool.is_ready(adapter_hash(i)) for i in range(mix.num_adapters)):
         assert time.monotonic() < deadline, "adapter uploads did not finish"
         time.sleep(1e-3)
     return pool
 
 
-def batch_slot_adapters(pool: AdapterPool) -> tuple[torch.Tensor, torch.Tensor]:
-    """([NUM_SLOTS] int32: batch slot s -> the resident id of adapter NUM_ADAPTERS - 1 - s, the
-    rest 0; num_active_slots [1] = NUM_ADAPTERS)."""
-    ids = [pool.resident_id(adapter_hash(NUM_ADAPTERS - 1 - s)) for s in range(NUM_ADAPTERS)]
-    ids += [0] * (NUM_SLOTS - NUM_ADAPTERS)
+def batch_slot_adapters(pool: AdapterPool, num_adapters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([NUM_SLOTS] int32: batch slot s -> the resident id of adapter num_adapters - 1 - s, the
+    rest 0; num_active_slots [1] = num_adapters)."""
+    ids = [pool.resident_id(adapter_hash(num_adapters - 1 - s)) for s in range(num_adapters)]
+    ids += [0] * (NUM_SLOTS - num_adapters)
     device = pool.device
-    active = torch.tensor([NUM_ADAPTERS], dtype=torch.int32, device=device)
+    active = torch.tensor([num_adapters], dtype=torch.int32, device=device)
     return torch.tensor(ids, dtype=torch.int32, device=device), active
 
 
@@ -137,7 +171,8 @@ def create_base_weights(
 
 
 class LoRAStep:
-    """One step of `num_tokens` tokens, round robin over the adapters' batch slots."""
+    """One step of `num_tokens` tokens, round robin over the mix's adapters' batch slots (at
+    most one adapter per token: with fewer tokens than adapters, only the first ones run)."""
 
     def __init__(
         self,
@@ -145,21 +180,24 @@ class LoRAStep:
         workspace: LoRAWorkspace,
         num_tokens: int,
         weights: list[dict[Projection, torch.Tensor]],
+        mix: AdapterMix = EIGHT_RANK_16,
     ) -> None:
         device, dtype = pool.device, pool.pages.dtype
         self.pool = pool
         self.workspace = workspace
         self.weights = weights
-        token_slots = torch.arange(num_tokens, device=device) % NUM_ADAPTERS
+        self.groups = mix.groups
+        num_active = min(mix.num_adapters, num_tokens)
+        token_slots = torch.arange(num_tokens, device=device) % num_active
         self.sorted_token_ids, self.slot_start_loc = build_lora_mapping(token_slots, NUM_SLOTS)
-        self.slot_adapters, self.num_active_slots = batch_slot_adapters(pool)
+        self.slot_adapters, self.num_active_slots = batch_slot_adapters(pool, num_active)
         mapping = (
             self.sorted_token_ids, self.slot_start_loc, self.slot_adapters, self.num_active_slots
         )  # fmt: skip
-        self.batch = LoRABatch(pool, workspace, *mapping, set(SLICES))
+        self.batch = LoRABatch(pool, workspace, *mapping, set(mix.modules))
         self.x: dict[Projection, torch.Tensor] = {}
         self.y: dict[Projection, torch.Tensor] = {}
-        for names in GROUPS:
+        for names in self.groups:
             in_dim, out_dim = SHAPES[names[0]][0], sum(group_sizes(names))
             self.x[names] = torch.randn(num_tokens, in_dim, device=device, dtype=dtype)
             self.y[names] = torch.zeros(num_tokens, out_dim, device=device, dtype=dtype)
@@ -170,7 +208,7 @@ class LoRAStep:
         """The step's projections (of the first `num_layers` layers, default all): base GEMMs,
         LoRA, or both (begin, GEMM, finish)."""
         for layer in range(num_layers or NUM_LAYERS):
-            for names in GROUPS:
+            for names in self.groups:
                 x, y, sizes = self.x[names], self.y[names], group_sizes(names)
                 into = self.residual if names in INTO_RESIDUAL else None
                 shrunk = self.batch.begin(layer, names, sizes, x, delta_into=into) if lora else None
@@ -194,7 +232,7 @@ class LoRAStep:
         mapping = (
             self.slot_adapters, self.num_active_slots, self.sorted_token_ids, self.slot_start_loc
         )  # fmt: skip
-        for names in GROUPS:
+        for names in self.groups:
             rows = group_slices(names)
             shape = (len(names), self.x[names].shape[0], self.workspace.max_rank)
             lora_out = torch.zeros(shape, device=residual.device)

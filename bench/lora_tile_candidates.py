@@ -65,7 +65,7 @@ def time_tile_candidates(pool: AdapterPool) -> dict[str, float]:
     `pool` (lora_step.create_adapter_pool)."""
     print("LoRA tile candidates: us per layer, each kernel alone (the tables' row first)")
     device, dtype = pool.device, pool.pages.dtype
-    slot_adapters, num_active_slots = batch_slot_adapters(pool)
+    slot_adapters, num_active_slots = batch_slot_adapters(pool, NUM_ADAPTERS)
     results = {}
     for num_tokens, (shrinks, expands) in CANDIDATES.items():
         run = 1 if num_tokens <= 64 else 512

@@ -89,6 +89,39 @@ def run_round(
     return time.perf_counter() - start
 
 
+def kernel_profile(
+    llm: LLM, prompts: list[list[int]], loras: list[LoRARequest | None], output_len: int
+) -> dict[str, float]:
+    """GPU milliseconds per kernel name over one round (torch.profiler, CUDA activity only),
+    with the round's steps and wall seconds: where an adapter count's extra time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = llm.engine.num_steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        seconds = run_round(llm, prompts, loras, output_len)
+    totals = {
+        event.key: event.self_device_time_total / 1e3
+        for event in prof.key_averages()
+        if event.self_device_time_total > 0
+    }
+    totals = dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+    return {"steps": llm.engine.num_steps - steps, "wall_s": seconds, "gpu_ms": totals}
+
+
+def print_kernel_profiles(profiles: dict[int, dict]) -> None:
+    counts = list(profiles)
+    names = list(dict.fromkeys(n for p in profiles.values() for n in list(p["gpu_ms"])[:12]))
+    print("GPU ms per round by kernel (profiled rounds; " + ", ".join(
+        f"{c} adapters: {p['steps']} steps, {p['wall_s']:.2f} s" for c, p in profiles.items()
+    ) + ")")  # fmt: skip
+    print("".join(f"{c:>10}" for c in counts) + "  kernel")
+    for name in names:
+        cells = "".join(f"{profiles[c]['gpu_ms'].get(name, 0.0):10.1f}" for c in counts)
+        print(f"{cells}  {name[:90]}")
+    totals = "".join(f"{sum(profiles[c]['gpu_ms'].values()):10.1f}" for c in counts)
+    print(f"{totals}  (all kernels)", flush=True)
+
+
 def time_to_first_token(engine: LLMEngine, lora: LoRARequest | None, prompt: list[int]) -> float:
     """Seconds from add to the first token, the engine otherwise idle."""
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -235,6 +268,12 @@ def main() -> None:
         help="repeat the jitter run with a pageable CPU buffer, then with a 0.2 ms GIL switch "
         "interval: what delays the running batch's steps",
     )
+    ap.add_argument(
+        "--kernel-profile",
+        action="store_true",
+        help="after the rounds, one more round per adapter count under torch.profiler: GPU "
+        "time per kernel",
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
@@ -300,6 +339,14 @@ def main() -> None:
         results["runs"][str(count)] = run
         ratio = f", {run['ratio_to_8_adapters']:.3f}x the 8-adapter run" if reference else ""
         print(f"{count:5d} adapters: {run['output_tok_s']:9.1f} output tok/s{ratio}", flush=True)
+
+    if args.kernel_profile:
+        profiles = {
+            count: kernel_profile(llm, prompts, workloads[count], args.output_len)
+            for count in counts
+        }
+        results["kernel_profile"] = profiles
+        print_kernel_profiles(profiles)
 
     if not args.skip_cold:
         engine = llm.engine
