@@ -8,26 +8,38 @@ out_dim_i elements) from its pages in the KV cache's memory (S-LoRA, Sheng et al
 layout is `kernels/reference/lora.py`'s). Slice i writes columns y_offset + [o_i, o_i + n_i) of y,
 o_i = n_0 + ... + n_{i-1}.
 
-A program owns one (segment tile, output-column tile of a slice, slice); it gathers its token
-rows of `lora_out[slice]` through `sorted_token_ids`, multiplies them by its adapter's B^T over
-the adapter's rank for that slice only, scales, and adds into its columns of y.
+A program owns one (segment tile, run of output-column tiles of a slice, slice); it gathers its
+token rows of `lora_out[slice]` through `sorted_token_ids` and, for each column tile of its run,
+multiplies them by its adapter's B^T over the adapter's rank for that slice only, scales, and adds
+into those columns of y.
 
     grid = (num_segment_tiles, cdiv(max_i n_i, BLOCK_N), num_slices)
+    column tiles per program (a run) = clamp(cdiv(segment tile bound * grid[1],
+                                                   TARGET_PROGRAMS), 1, grid[1])
 
 Segment tiles are the shrink's (`lora_segments.py`: a shape-only bound, so CUDA-graph friendly).
-Programs past the last tile, or whose column tile starts past their (narrower) slice, return at
-once. The K loop walks the adapter's own rank in BLOCK_K steps. A rank row of B^T lies whole in
+The run length is decided in the kernel from the step's own bound on its segment tiles: a step of
+a few adapters spreads one column tile per program over the GPU, while a step of 100+ adapters
+(segments of a few tokens each) would otherwise run thousands of programs that each read one
+small tile of B^T behind a chain of dependent loads; there each program walks a run of column
+tiles, the loads of one overlapping the math of the last. With `target_programs=None` the kernel
+is compiled without the run loop (one column tile per program). Programs past the last segment
+tile, or whose run starts past their (narrower) slice, return at once. The K loop walks the
+adapter's own rank in BLOCK_K steps. A rank row of B^T lies whole in
 one page when it fits one (`lora_pages.py`), so a [BLOCK_K, BLOCK_N] tile is BLOCK_K contiguous
 runs of columns; when some slice of the launch is wider than a page (SPLIT_ROWS), every slice
 finds its pages per element through the general formula (rows packed or spanning pages alike). Slice
 boundaries are passed as scalars: up to MAX_SLICES slices (qkv).
 
 Tiles (`EXPAND_TILES`, keyed by the number of tokens of the launch): out_dim is wide
-(1024..14336 per slice) and the reduction (the rank) short, so BLOCK_N = 128 columns per program,
-BLOCK_K = the max rank rounded up to a power of two, capped at 16 for decode and 64 otherwise.
-BLOCK_M follows the segment size: 16 (tl.dot's minimum) at decode, 32 up to 512 tokens, 64 for
-prefill. `launch_lora_expand` takes the tiles as an argument (benchmarks and tests pass
-candidates).
+(1024..14336 per slice) and the reduction (the rank) short, so BLOCK_N = 128 columns per column
+tile, BLOCK_K = the max rank rounded up to a power of two, capped at 16 for decode and 64
+otherwise. BLOCK_M = 16 (tl.dot's minimum) up to 2,048 tokens: a step of many adapters has
+segments of a few tokens each, and a taller tile would read B^T for rows it does not have; 64
+for longer prefill steps. Column runs (target_programs) from 65 tokens on; a decode step of up
+to 64 tokens runs one column tile per program (a run there cost 5-25% on the H200). The rows are
+bench/lora_many_tiles.py's H200 sweep (bench/results/h200-*-many-tiles).
+`launch_lora_expand` takes the tiles as an argument (benchmarks and tests pass candidates).
 
 Numerics: the `lora_out` tile is cast to the weights' dtype for the tensor-core dot (as vLLM's
 expand does), products accumulate in float32, and `y` is read, added to in float32 and rounded
@@ -49,10 +61,10 @@ from loraplex.kernels.triton.launch_checks import check, check_one_device
 from loraplex.kernels.triton.lora_pages import matrix_ptrs, page_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
-    past_last_tile,
     rank_block,
     segment_grid,
     segment_tile,
+    segment_tile_bound,
     segment_token_ids,
 )
 from loraplex.kernels.triton.tile_table import TileTable, check_dot_tiles
@@ -66,22 +78,30 @@ class ExpandTiles:
     """Tile shape of one launch."""
 
     block_m: int  # token rows per program
-    block_n: int  # output columns per program
+    block_n: int  # output columns per column tile
     max_block_k: int  # rank step: max_rank rounded up to a power of 2, capped
     num_warps: int
     num_stages: int
+    # Working programs per slice to aim for: past it, each program walks several column tiles.
+    # None: one column tile per program whatever the step.
+    target_programs: int | None = None
 
     def __post_init__(self) -> None:
         check_dot_tiles(block_m=self.block_m, block_n=self.block_n, max_block_k=self.max_block_k)
+        if self.target_programs is not None and self.target_programs <= 0:
+            raise ValueError(f"target_programs {self.target_programs} must be positive")
 
 
 EXPAND_TILES: Final = TileTable(
     (
         (64, ExpandTiles(block_m=16, block_n=128, max_block_k=16, num_warps=4, num_stages=2)),
-        (512, ExpandTiles(block_m=32, block_n=128, max_block_k=64, num_warps=4, num_stages=2)),
+        (
+            2048,
+            ExpandTiles(16, 128, max_block_k=64, num_warps=4, num_stages=2, target_programs=1024),
+        ),
         (
             sys.maxsize,
-            ExpandTiles(block_m=64, block_n=128, max_block_k=64, num_warps=4, num_stages=2),
+            ExpandTiles(64, 128, max_block_k=64, num_warps=4, num_stages=2, target_programs=1024),
         ),
     )
 )
@@ -100,6 +120,54 @@ def slice_rows(slice_id, slice_end_0, slice_end_1, slice_end_2):  # type: ignore
     start = tl.where(slice_id == 0, 0, tl.where(slice_id == 1, slice_end_0, slice_end_1))
     end = tl.where(slice_id == 0, slice_end_0, tl.where(slice_id == 1, slice_end_1, slice_end_2))
     return start, end
+
+
+@triton.jit
+def expand_column_tile(  # type: ignore[no-untyped-def]
+    n_start,
+    n_end,  # columns of the slice this program may write end here
+    lo_rows,  # [BLOCK_M, 1] pointers to the token rows of lora_out[slice]
+    y_rows,  # [BLOCK_M, 1] pointers to the token rows of y, at the slice's first column
+    mask_m,
+    rank,
+    scaling,
+    pages_ptr,
+    adapter_pages,
+    first,
+    width,
+    page_size,
+    stride_pp,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_ROWS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """y[rows, n_start:n_start + BLOCK_N] += scaling * lora_out[rows, :rank] @ B^T[:rank, cols]."""
+    offs_n = n_start + tl.arange(0, BLOCK_N)  # columns within the slice
+    mask_n = offs_n < n_end
+    y_ptrs = y_rows + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    y = tl.load(y_ptrs, mask=mask, other=0.0)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k_start in range(0, rank, BLOCK_K):
+        k = k_start + offs_k  # [BLOCK_K] rank rows of B^T
+        mask_k = k < rank
+        mask_b = mask_k[:, None] & mask_n[None, :]
+        if SPLIT_ROWS:
+            b_ptrs = matrix_ptrs(
+                pages_ptr, adapter_pages, first, k[:, None], offs_n[None, :], mask_b, width,
+                page_size, stride_pp,
+            )  # fmt: skip
+        else:
+            row_base = page_rows(adapter_pages, first, k, mask_k, width, page_size, stride_pp)
+            b_ptrs = pages_ptr + row_base[:, None] + offs_n[None, :]
+        b = tl.load(b_ptrs, mask=mask_b, other=0.0)  # [BLOCK_K, BLOCK_N]
+        lo_mask = mask_m[:, None] & mask_k[None, :]
+        lo = tl.load(lo_rows + k[None, :], mask=lo_mask, other=0.0)  # [BLOCK_M, BLOCK_K]
+        acc = tl.dot(lo.to(b.dtype), b, acc, input_precision=DOT_PRECISION)
+    tl.store(y_ptrs, (y.to(tl.float32) + acc * scaling).to(y.dtype), mask=mask)
 
 
 @triton.jit
@@ -132,14 +200,24 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     BLOCK_K: tl.constexpr,
     SLOTS: tl.constexpr,
     SPLIT_ROWS: tl.constexpr,  # some slice is wider than a page: the general addressing
+    COLUMN_RUNS: tl.constexpr,  # programs may walk several column tiles
+    TARGET_PROGRAMS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid_n = tl.program_id(1)
     slice_id = tl.program_id(2)
-    past, num_active = past_last_tile(
-        tl.program_id(0), slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M
+    num_active, num_segment_tiles = segment_tile_bound(
+        slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M
     )
-    if past:
+    if tl.program_id(0) >= num_segment_tiles:
+        return
+    num_n_tiles = tl.num_programs(1)
+    if COLUMN_RUNS:
+        run = tl.cdiv(num_segment_tiles * num_n_tiles, TARGET_PROGRAMS)
+        run = tl.minimum(tl.maximum(run, 1), num_n_tiles)  # column tiles per program
+    else:
+        run = 1
+    n_first = tl.program_id(1) * run * BLOCK_N
+    if n_first >= num_n_tiles * BLOCK_N:
         return
     adapter, m_start, seg_end, rank = segment_tile(
         tl.program_id(0),
@@ -152,41 +230,29 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     )
     slice_start, slice_end = slice_rows(slice_id, slice_end_0, slice_end_1, slice_end_2)
     width = slice_end - slice_start  # columns of this slice: the length of a B^T row
-    n_start = pid_n * BLOCK_N
-    if (m_start >= seg_end) | (rank == 0) | (n_start >= width):
+    if (m_start >= seg_end) | (rank == 0) | (n_first >= width):
         return
 
-    offs_n = n_start + tl.arange(0, BLOCK_N)  # columns within the slice
-    mask_n = offs_n < width
-    offs_k = tl.arange(0, BLOCK_K)
     first = tl.load(first_page_ptr + slice_id * stride_fs + adapter)
     adapter_pages = page_table_ptr + adapter.to(tl.int64) * stride_pt
     scaling = tl.load(scalings_ptr + adapter)
     token_ids, mask_m = segment_token_ids(sorted_token_ids_ptr, m_start, seg_end, BLOCK_M)
-    y_ptrs = y_ptr + token_ids[:, None] * stride_ym + (y_offset + slice_start + offs_n)[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    y = tl.load(y_ptrs, mask=mask, other=0.0)
-    lo_ptrs = (
-        lora_out_ptr + slice_id * stride_ls + token_ids[:, None] * stride_lm + offs_k[None, :]
-    )  # [BLOCK_M, BLOCK_K]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k_start in range(0, rank, BLOCK_K):
-        k = k_start + offs_k  # [BLOCK_K] rank rows of B^T
-        mask_k = k < rank
-        mask_b = mask_k[:, None] & mask_n[None, :]
-        if SPLIT_ROWS:
-            b_ptrs = matrix_ptrs(
-                pages_ptr, adapter_pages, first, k[:, None], offs_n[None, :], mask_b, width,
-                page_size, stride_pp,
+    y_rows = y_ptr + token_ids[:, None] * stride_ym + (y_offset + slice_start)
+    lo_rows = lora_out_ptr + slice_id * stride_ls + token_ids[:, None] * stride_lm
+    if COLUMN_RUNS:
+        n_end = tl.minimum(n_first + run * BLOCK_N, width)
+        for n_start in range(n_first, n_end, BLOCK_N):
+            expand_column_tile(
+                n_start, n_end, lo_rows, y_rows, mask_m, rank, scaling, pages_ptr,
+                adapter_pages, first, width, page_size, stride_pp,
+                BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, DOT_PRECISION,
             )  # fmt: skip
-        else:
-            row_base = page_rows(adapter_pages, first, k, mask_k, width, page_size, stride_pp)
-            b_ptrs = pages_ptr + row_base[:, None] + offs_n[None, :]
-        b = tl.load(b_ptrs, mask=mask_b, other=0.0)  # [BLOCK_K, BLOCK_N]
-        lo = tl.load(lo_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        acc = tl.dot(lo.to(b.dtype), b, acc, input_precision=DOT_PRECISION)
-        lo_ptrs += BLOCK_K
-    tl.store(y_ptrs, (y.to(tl.float32) + acc * scaling).to(y.dtype), mask=mask)
+    else:
+        expand_column_tile(
+            n_first, width, lo_rows, y_rows, mask_m, rank, scaling, pages_ptr,
+            adapter_pages, first, width, page_size, stride_pp,
+            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, DOT_PRECISION,
+        )  # fmt: skip
 
 
 def _check_args(
@@ -315,6 +381,8 @@ def launch_lora_expand(
         BLOCK_K=block_k,
         SLOTS=slots,
         SPLIT_ROWS=max(slice_sizes) > page_size,
+        COLUMN_RUNS=tiles.target_programs is not None,
+        TARGET_PROGRAMS=tiles.target_programs or 1,
         DOT_PRECISION="ieee" if pages.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,

@@ -43,13 +43,23 @@ def rank_block(max_rank: int, max_block: int) -> int:
 
 
 @triton.jit
+def segment_tile_bound(  # type: ignore[no-untyped-def]
+    slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M: tl.constexpr
+):
+    """(the number of active slots, a bound on this step's segment tiles: every tile from it
+    on is past the last)."""
+    num_active = tl.load(num_active_slots_ptr)
+    num_adapted = tl.load(slot_start_loc_ptr + num_active)  # tokens of the active slots
+    return num_active, num_adapted // BLOCK_M + num_active
+
+
+@triton.jit
 def past_last_tile(  # type: ignore[no-untyped-def]
     tile, slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M: tl.constexpr
 ):
     """(True if no segment can own `tile`, the number of active slots)."""
-    num_active = tl.load(num_active_slots_ptr)
-    num_adapted = tl.load(slot_start_loc_ptr + num_active)  # tokens of the active slots
-    return tile >= num_adapted // BLOCK_M + num_active, num_active
+    num_active, bound = segment_tile_bound(slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M)
+    return tile >= bound, num_active
 
 
 @triton.jit

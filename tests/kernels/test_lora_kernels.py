@@ -48,7 +48,9 @@ ATOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
 
 # Tiles passed explicitly: each table row, and shapes no row has. "split-k" splits the inputs'
 # in_dim (200) over 7 programs, the last one partial, with rank tiles up to 64; "wide-rank-steps"
-# walks ranks in steps of up to 64 over narrow column tiles.
+# walks ranks in steps of up to 64 over narrow column tiles; "column-runs" has each program walk
+# a run of column tiles (every column of its slice at target_programs 1; runs of 2-3 at 5), the
+# way a decode step of many adapters runs.
 SHRINK_VARIANTS: dict[str, ShrinkTiles] = {
     **{f"row{i}": tiles for i, (_, tiles) in enumerate(SHRINK_TILES.rows)},
     "split-k": ShrinkTiles(16, block_k=16, k_chunk=32, max_block_n=64, num_warps=4, num_stages=2),
@@ -56,6 +58,12 @@ SHRINK_VARIANTS: dict[str, ShrinkTiles] = {
 EXPAND_VARIANTS: dict[str, ExpandTiles] = {
     **{f"row{i}": tiles for i, (_, tiles) in enumerate(EXPAND_TILES.rows)},
     "wide-rank-steps": ExpandTiles(16, block_n=32, max_block_k=64, num_warps=4, num_stages=2),
+    "column-runs-1": ExpandTiles(
+        16, 32, max_block_k=16, num_warps=4, num_stages=2, target_programs=1
+    ),
+    "column-runs-5": ExpandTiles(
+        16, 32, max_block_k=16, num_warps=4, num_stages=2, target_programs=5
+    ),
 }
 
 
@@ -187,7 +195,7 @@ def test_triton_shrink_then_expand_prefill_sized(
     """Enough tokens for the tables' last row; the expand reads the shrink's own output. A's
     rows span pages, B^T's pack several to a page."""
     sizes = (72, 24)
-    case = lora_case([[16, 8, 0], [4, 16, 0]], [300, 200, 10], 20, 16, sizes, page_size=144)
+    case = lora_case([[16, 8, 0], [4, 16, 0]], [1100, 940, 10], 20, 16, sizes, page_size=144)
     inputs = make_inputs(case, dtype, device)
     num_tokens = inputs.x.shape[0]
     assert SHRINK_TILES.lookup(num_tokens) == SHRINK_TILES.rows[-1][1]
