@@ -44,6 +44,16 @@ def corpus_prompts(num_prompts: int) -> list[str]:
     return prompts[:num_prompts]
 
 
+def model_dir_or_demo(model: str | None) -> Path:
+    """`model`, or the demo checkpoint (converted once into the platform's cache directory)."""
+    if model:
+        return Path(model)
+    from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
+    from loraplex.platform.settings import default_cache_dir
+
+    return ensure_demo_checkpoint(default_cache_dir())
+
+
 def first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
 
@@ -100,12 +110,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
-    if args.model:
-        model_dir = Path(args.model)
-    else:
-        from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
-
-        model_dir = ensure_demo_checkpoint(None)
+    model_dir = model_dir_or_demo(args.model)
     baseline_dir = Path(args.baseline_model) if args.baseline_model else model_dir
     tokenizer = Tokenizer.from_model_dir(model_dir)
     texts = {"demo_corpus": DEMO_CORPUS, "architecture_md": DOCS_TEXT.read_text()}
