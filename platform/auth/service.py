@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from loraplex.platform.auth.api_keys import (
     api_key_matches,
@@ -70,7 +70,8 @@ def authenticate_api_key(session: Session, key: str, secret: bytes) -> ApiKey:
     prefix = api_key_prefix(key)
     row = None
     if prefix is not None:
-        row = session.scalars(select(ApiKey).where(ApiKey.prefix == prefix)).one_or_none()
+        query = select(ApiKey).options(joinedload(ApiKey.tenant)).where(ApiKey.prefix == prefix)
+        row = session.scalars(query).one_or_none()
     # Hash even when nothing matched, so a miss costs the same time as a wrong key.
     if not api_key_matches(key, row.key_hash if row else _DUMMY_HASH, secret) or row is None:
         raise AuthenticationError("invalid API key")
