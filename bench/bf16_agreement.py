@@ -22,6 +22,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from quant_accuracy import corpus_prompts, first_difference, model_dir_or_demo
@@ -32,7 +33,9 @@ from loraplex.engine.tokenizer import Tokenizer
 
 
 @torch.no_grad()
-def hf_greedy(model, prompts: list[list[int]], output_len: int, batch_size: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+def hf_greedy(
+    model: Any, prompts: list[list[int]], output_len: int, batch_size: int
+) -> list[list[int]]:
     """Greedy continuations from HF generate, in left-padded batches of `batch_size`."""
     device = model.device
     pad = model.config.eos_token_id
@@ -55,7 +58,7 @@ def hf_greedy(model, prompts: list[list[int]], output_len: int, batch_size: int)
 @torch.no_grad()
 def top2_gap(
     model, prompt: list[int], tokens: list[int], position: int, banned: list[int]
-) -> float:  # type: ignore[no-untyped-def]
+) -> float:
     """The reference model's log-prob gap between its top two tokens (`banned` ones left out,
     as generation bans them) at `position` of the continuation `tokens` of `prompt`
     (teacher-forced, one forward)."""
@@ -114,11 +117,12 @@ def main() -> None:
         f"hf_batches_of_{args.batch_size}_vs_hf": agreement(batched, reference),
         "seconds": {"hf": round(hf_seconds, 1), "engine": round(engine_seconds, 1)},
     }
+    diverged_at = results["engine_vs_hf"]["first_differences"]
     gaps = [
         round(top2_gap(hf, prompt, ref, at, list(tokenizer.eos_token_ids)), 4)
-        for prompt, ref, at in zip(prompts, reference, results["engine_vs_hf"]["first_differences"], strict=True)
+        for prompt, ref, at in zip(prompts, reference, diverged_at, strict=True)
         if at < args.output_len
-    ]  # fmt: skip
+    ]
     results["engine_divergence_top2_gaps"] = gaps
     for name in ("engine_vs_hf", f"hf_batches_of_{args.batch_size}_vs_hf"):
         r = results[name]

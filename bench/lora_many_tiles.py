@@ -69,6 +69,11 @@ def shrink_candidates(num_tokens: int) -> dict[str, ShrinkTiles]:
     return out
 
 
+def paged_tables(pool: AdapterPool, first: torch.Tensor, rows: slice, layer: int) -> tuple:
+    """A kernel's (pages, page_table, first_page, lora_ranks) for one layer and slice group."""
+    return pool.pages[layer], pool.page_table, first[rows], pool.ranks[rows]
+
+
 def time_case(pool: AdapterPool, count: int, num_tokens: int, device: torch.device) -> dict:
     token_slots = torch.arange(num_tokens, device=device) % count
     mapping = (*batch_slot_adapters(pool, count), *build_lora_mapping(token_slots, NUM_SLOTS))
@@ -81,11 +86,8 @@ def time_case(pool: AdapterPool, count: int, num_tokens: int, device: torch.devi
         lora_out = torch.zeros(len(names), num_tokens, max(RANKS), device=device)
         y = torch.zeros(num_tokens, sum(sizes), device=device, dtype=DTYPE)
 
-        def a_of(layer: int) -> tuple:
-            return pool.pages[layer], pool.page_table, pool.first_a[rows], pool.ranks[rows]  # noqa: B023
-
-        def b_of(layer: int) -> tuple:
-            return pool.pages[layer], pool.page_table, pool.first_b[rows], pool.ranks[rows]  # noqa: B023
+        a_of = functools.partial(paged_tables, pool, pool.first_a, rows)
+        b_of = functools.partial(paged_tables, pool, pool.first_b, rows)
 
         want_out = torch.zeros_like(lora_out)
         reference.lora_shrink(x, *a_of(0), *mapping, want_out)
