@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplex.engine.config import LoRAConfig
+
 
 @dataclass(frozen=True)
 class HostRun:
@@ -128,3 +130,19 @@ class HostPagePool:
                 end = next_start + next_len
                 del self._free[i]
         self._free.insert(i, (start, end - start))
+
+
+def create_host_pages(
+    config: LoRAConfig,
+    num_layers: int,
+    page_size: int,
+    dtype: torch.dtype,
+    max_pages: int,
+    pin: bool,
+) -> HostPagePool:
+    """The CPU cache's pages: room for max_cpu_loras of the largest adapters and one more
+    loading, within cpu_lora_cache_gb (adapters that find no room are packed apart)."""
+    page_bytes = num_layers * page_size * dtype.itemsize
+    budget = int(config.cpu_lora_cache_gb * 2**30) // page_bytes
+    num_pages = min((config.max_cpu_loras + 1) * max_pages, budget)
+    return HostPagePool(num_pages, num_layers, page_size, dtype, pin)

@@ -38,7 +38,7 @@ from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.lora.adapter import ArchLike
 from loraplex.engine.lora.adapter_loader import AdapterLoader, CpuAdapter
 from loraplex.engine.lora.adapter_pool import AdapterPool
-from loraplex.engine.lora.host_pages import HostPagePool
+from loraplex.engine.lora.host_pages import create_host_pages
 from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
 from loraplex.engine.lora.page_layout import SLICES, max_adapter_pages
 from loraplex.engine.request import LoRARequest, Request
@@ -393,22 +393,6 @@ class LoRAManager:
             table.pop(content_hash, None)
         if content_hash in self.pool and self.pool.is_ready(content_hash):
             self.pool.evict(content_hash)  # else its upload ends and LRU evicts it later
-
-
-def create_host_pages(
-    config: LoRAConfig,
-    num_layers: int,
-    page_size: int,
-    dtype: torch.dtype,
-    max_pages: int,
-    pin: bool,
-) -> HostPagePool:
-    """The CPU cache's pages: room for max_cpu_loras of the largest adapters and one more
-    loading, within cpu_lora_cache_gb (adapters that find no room are packed apart)."""
-    page_bytes = num_layers * page_size * dtype.itemsize
-    budget = int(config.cpu_lora_cache_gb * 2**30) // page_bytes
-    num_pages = min((config.max_cpu_loras + 1) * max_pages, budget)
-    return HostPagePool(num_pages, num_layers, page_size, dtype, pin)
 
 
 def _hash(lora_request: LoRARequest) -> str:
