@@ -94,23 +94,36 @@ def clip_weights(x: torch.Tensor, w: torch.Tensor, group_size: int, tokens: int 
     wg.copy_(wg.clamp(-best_max, best_max))
 
 
+CAPTURED = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
+
+
+class _StopForward(Exception):
+    """Raised once the calibrated layer's last input is captured: later layers need not run."""
+
+
 @torch.no_grad()
-def calibration_inputs(model: Any, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The inputs of every layer's q_proj, o_proj, gate_proj and down_proj on `ids` [B, T]:
-    [B*T, K] each."""
+def layer_inputs(model: Any, layer_index: int, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The inputs of one layer's q_proj, o_proj, gate_proj and down_proj (CAPTURED) on `ids`
+    [B, T]: [B*T, K] each. The forward stops at that layer's down_proj."""
+    layer = model.model.layers[layer_index]
     captured: dict[str, torch.Tensor] = {}
-    hooks = []
-    for i, layer in enumerate(model.model.layers):
-        for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"):
-            module = layer.get_submodule(name)
 
-            def grab(_m: Any, args: tuple, key: str = f"{i}.{name}") -> None:
-                captured[key] = args[0].reshape(-1, args[0].shape[-1]).float()
+    def grabber(name: str) -> Any:
+        def grab(_module: Any, args: tuple) -> None:
+            captured[name] = args[0].reshape(-1, args[0].shape[-1]).float()
+            if name == CAPTURED[-1]:
+                raise _StopForward
 
-            hooks.append(module.register_forward_pre_hook(grab))
-    model(input_ids=ids)
-    for hook in hooks:
-        hook.remove()
+        return grab
+
+    hooks = [layer.get_submodule(n).register_forward_pre_hook(grabber(n)) for n in CAPTURED]
+    try:
+        model(input_ids=ids)
+    except _StopForward:
+        pass
+    finally:
+        for hook in hooks:
+            hook.remove()
     return captured
 
 
@@ -119,7 +132,7 @@ def apply_awq_scales(model: Any, ids: torch.Tensor, group_size: int) -> None:
     """Scale each layer in place, layer by layer (a layer's inputs are taken after the layers
     before it were scaled; scaling leaves the unquantized function unchanged)."""
     for i, layer in enumerate(model.model.layers):
-        x = calibration_inputs(model, ids)
+        x = layer_inputs(model, i, ids)
         attn, mlp = layer.self_attn, layer.mlp
         qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
         groups = (
@@ -128,7 +141,7 @@ def apply_awq_scales(model: Any, ids: torch.Tensor, group_size: int) -> None:
             ("mlp.down_proj", [mlp.down_proj], None),
         )
         for key, linears, norm_weight in groups:
-            s = best_scales(x[f"{i}.{key}"], [m.weight.float() for m in linears], group_size)
+            s = best_scales(x[key], [m.weight.float() for m in linears], group_size)
             for m in linears:
                 m.weight.mul_(s.to(m.weight.dtype))
             if norm_weight is not None:
@@ -137,8 +150,8 @@ def apply_awq_scales(model: Any, ids: torch.Tensor, group_size: int) -> None:
                 mlp.up_proj.weight.div_(s.to(mlp.up_proj.weight.dtype)[:, None])
             for m in linears:
                 if m not in (attn.q_proj, attn.k_proj):  # attention scores: left unclipped
-                    clip_weights(x[f"{i}.{key}"] / s, m.weight, group_size)
-        clip_weights(x[f"{i}.self_attn.o_proj"], attn.o_proj.weight, group_size)
+                    clip_weights(x[key] / s, m.weight, group_size)
+        clip_weights(x["self_attn.o_proj"], attn.o_proj.weight, group_size)
         print(f"layer {i} scaled", flush=True)
 
 

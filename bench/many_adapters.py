@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from workload import synthetic_prompts, write_random_adapter, write_shape_checkpoint
@@ -91,7 +92,7 @@ def run_round(
 
 def kernel_profile(
     llm: LLM, prompts: list[list[int]], loras: list[LoRARequest | None], output_len: int
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """GPU milliseconds per kernel name over one round (torch.profiler, CUDA activity only),
     with the round's steps and wall seconds: where an adapter count's extra time goes."""
     from torch.profiler import ProfilerActivity, profile

@@ -274,6 +274,8 @@ def test_tile_tables_and_tiles_reject_bad_data() -> None:
         ShrinkTiles(16, block_k=64, k_chunk=96, max_block_n=16, num_warps=4, num_stages=2)
     with pytest.raises(ValueError, match="power of two"):
         ExpandTiles(16, block_n=96, max_block_k=16, num_warps=4, num_stages=2)
+    with pytest.raises(ValueError, match="target_programs 0 must be positive"):
+        ExpandTiles(16, 32, max_block_k=16, num_warps=4, num_stages=2, target_programs=0)
 
 
 def test_slots_past_the_active_ones_cost_nothing_and_change_nothing(
