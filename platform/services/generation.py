@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 
 import anyio
+import anyio.lowlevel
 
 from loraplex.engine.request import RequestOutput, SamplingParams
 from loraplex.platform.auth import TenantContext
@@ -128,6 +129,11 @@ class GenerationRun:
         cancelled by a client disconnect at any point), the engine request is ended and the
         run settled with the engine's own final counts."""
         status: RequestStatus | None = None  # stays None if cancelled or the consumer leaves
+        # A client that left while admission was shielded has cancelled this task already, but
+        # nothing has delivered it yet: deliver it here, before the request reaches the engine
+        # (generate() starts the engine's work at once, and its abort would race the steps).
+        # The caller settles the run on this exit, as on any other.
+        await anyio.lowlevel.checkpoint_if_cancelled()
         stream = self.state.engine.generate(
             request_id=self.plan.request_id,
             prompt_token_ids=self.plan.prompt_token_ids,
