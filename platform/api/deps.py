@@ -1,7 +1,8 @@
 """Typed dependencies: every route says who may call it (`CurrentTenant` or `AdminDep`).
 
 The DB-touching ones are plain functions, which FastAPI runs in its thread pool: the
-synchronous SQLAlchemy session never blocks the event loop.
+synchronous SQLAlchemy session never blocks the event loop. The ones that only read the request
+or the app are `async def`: each sync dependency costs a trip through that pool on every request.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from loraplex.platform.state import AppState
 API_KEY_HEADER = "x-api-key"
 
 # The security schemes of the OpenAPI schema. They only declare where credentials travel;
-# `get_credential` reads them (and refuses two at once), `auth/` checks them.
+# `read_credential` reads them (and refuses two at once), `auth/` checks them.
 TENANT_BEARER = HTTPBearer(
     scheme_name="TenantKey",
     description="An API key (`lpx-...`) or a tenant JWT from POST /v1/auth/token",
@@ -52,20 +53,20 @@ ADMIN_BEARER = HTTPBearer(
 )
 
 
-def declare_tenant_credentials(
+async def declare_tenant_credentials(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(TENANT_BEARER)],
     api_key: Annotated[str | None, Security(TENANT_API_KEY)],
 ) -> None:
     """Declares the tenant schemes on every route that authenticates a tenant."""
 
 
-def declare_admin_credentials(
+async def declare_admin_credentials(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(ADMIN_BEARER)],
 ) -> None:
     """Declares the admin scheme on every route that authenticates an admin."""
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
     state: AppState = request.app.state.loraplex
     return state
 
@@ -73,7 +74,7 @@ def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-def get_settings(state: StateDep) -> Settings:
+async def get_settings(state: StateDep) -> Settings:
     return state.settings
 
 
@@ -88,7 +89,7 @@ def get_db(state: StateDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_db)]
 
 
-def get_credential(request: Request) -> str:
+def read_credential(request: Request) -> str:
     """The one bearer credential of the request. Two at once is refused outright: which one
     wins would otherwise depend on code order, a classic confused-deputy opening."""
     authorization = request.headers.getlist("authorization")
@@ -107,6 +108,10 @@ def get_credential(request: Request) -> str:
     if not value or " " in value:
         raise AuthenticationError("malformed credential")
     return value
+
+
+async def get_credential(request: Request) -> str:
+    return read_credential(request)
 
 
 CredentialDep = Annotated[str, Depends(get_credential)]

@@ -10,7 +10,7 @@ from loraplex.platform.api.deps import (
     StateDep,
     declare_admin_credentials,
     get_admin,
-    get_credential,
+    read_credential,
 )
 from loraplex.platform.api.openapi import error_responses
 from loraplex.platform.db import DatabaseNotMigratedError
@@ -79,6 +79,6 @@ def read_metrics(request: Request, state: StateDep) -> Response:
     """Prometheus exposition. Needs an admin token unless LORAPLEX_PUBLIC_METRICS is set:
     labels name tenants and adapters."""
     if not state.settings.public_metrics:
-        get_admin(state, get_credential(request), None)
+        get_admin(state, read_credential(request), None)
     state.metrics.update_engine_gauges(state.engine.get_stats())
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
