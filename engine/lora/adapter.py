@@ -30,6 +30,7 @@ from loraplex.engine.lora.safetensors_header import (
     data_section_start,
     parse_safetensors_header,
 )
+from loraplex.engine.lora.task_map import TaskMap, serial_map
 
 __all__ = ["ArchLike", "LoRAAdapter", "load_lora_adapter", "lora_module_shapes"]
 
@@ -45,6 +46,9 @@ _TENSOR_NAME = re.compile(
     r"\.lora_([AB])\.weight"
 )
 
+# Pieces a load reads, and checks for NaN/Inf, one task each (engine/lora/task_map.py).
+READ_CHUNK_BYTES = 8 << 20
+CHECK_CHUNK_BYTES = 4 << 20
 LayerModule = tuple[int, str]  # (layer_idx, module), e.g. (0, "q_proj")
 ReadBuffer = Callable[[int], torch.Tensor]  # num_bytes -> a uint8 tensor at least that long
 
@@ -102,24 +106,42 @@ def lora_module_shapes(arch: ArchLike) -> dict[str, tuple[int, int]]:
     }
 
 
-def _read_weights(file: Path, buffer_for: ReadBuffer | None = None) -> torch.Tensor:
+def _read_weights(
+    file: Path, buffer_for: ReadBuffer | None = None, task_map: TaskMap = serial_map
+) -> torch.Tensor:
     """The whole file as a uint8 tensor, read once into memory the tensors can then view:
-    `buffer_for(num_bytes)`'s, else memory of its own."""
+    `buffer_for(num_bytes)`'s, else memory of its own; in READ_CHUNK_BYTES pieces, which
+    `task_map` may read at once."""
     with file.open("rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
         data = torch.empty(size, dtype=torch.uint8) if buffer_for is None else buffer_for(size)
         data = data[:size]  # [file bytes]
         view = data.numpy().data  # [file bytes], shares memory
+
+        def read_piece(begin: int) -> int:
+            end, pos = min(begin + READ_CHUNK_BYTES, size), begin
+            while pos < end and (n := os.preadv(fd, [view[pos:end]], pos)):
+                pos += n
+            return pos - begin
+
+        pieces = range(0, size, READ_CHUNK_BYTES)
         num_read = 0
-        while num_read < len(view) and (n := f.readinto(view[num_read:])):
-            num_read += n
-        rest = f.read()
+        for begin, n in zip(pieces, task_map(read_piece, pieces), strict=True):
+            num_read = begin + n
+            if n < min(READ_CHUNK_BYTES, size - begin):
+                break  # the file shrank since fstat: keep what comes before the gap
+        rest = bytearray()
+        while num_read == size and (more := os.pread(fd, 1 << 20, size + len(rest))):
+            rest += more
     if rest:  # the file grew since fstat: keep all of it, as read_bytes would
-        data = torch.cat([data, torch.frombuffer(bytearray(rest), dtype=torch.uint8)])
+        data = torch.cat([data, torch.frombuffer(rest, dtype=torch.uint8)])
     return data[: num_read + len(rest)]  # shorter if it shrank
 
 
-def _read_files(path: Path, buffer_for: ReadBuffer | None = None) -> tuple[bytes, torch.Tensor]:
+def _read_files(
+    path: Path, buffer_for: ReadBuffer | None = None, task_map: TaskMap = serial_map
+) -> tuple[bytes, torch.Tensor]:
     if not path.is_dir():
         raise InvalidAdapterError("adapter path is not a directory")
     pickles = sorted(p.name for p in path.iterdir() if p.name.lower().endswith(PICKLE_SUFFIXES))
@@ -131,7 +153,8 @@ def _read_files(path: Path, buffer_for: ReadBuffer | None = None) -> tuple[bytes
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / name).is_file():  # also refuses FIFOs and devices, which could block
             raise InvalidAdapterError(f"adapter directory is missing {name}")
-    return (path / CONFIG_FILE).read_bytes(), _read_weights(path / WEIGHTS_FILE, buffer_for)
+    weights = _read_weights(path / WEIGHTS_FILE, buffer_for, task_map)
+    return (path / CONFIG_FILE).read_bytes(), weights
 
 
 def _shape_message(
@@ -260,17 +283,27 @@ def _check_finite(
     tensors: dict[str, TensorInfo],
     views: dict[str, torch.Tensor],
     index: dict[tuple[int, str, str], str],
+    task_map: TaskMap = serial_map,
 ) -> None:
     """Raise naming the first tensor with an Inf or a NaN. One pass over each run of same-dtype
-    tensors in the data section (the whole of it for a single-dtype file); tensors one at a
-    time only to name the culprit."""
+    tensors in the data section (the whole of it for a single-dtype file), in pieces of about
+    CHECK_CHUNK_BYTES for `task_map`; tensors one at a time only to name the culprit."""
     runs: list[tuple[str, int, int]] = []  # (dtype, begin, end), in file order
     for t in sorted(tensors.values(), key=lambda t: t.begin):  # they tile the data section
         if runs and runs[-1][0] == t.dtype:
             runs[-1] = (t.dtype, runs[-1][1], t.end)
         else:
             runs.append((t.dtype, t.begin, t.end))
-    if not any(has_non_finite(_view(data, start + b, start + e, d)) for d, b, e in runs):
+    pieces = []  # (dtype, begin, end): whole elements each, since a run is
+    for dtype, begin, end in runs:
+        step = CHECK_CHUNK_BYTES - CHECK_CHUNK_BYTES % _DTYPES[dtype].itemsize
+        pieces += [(dtype, b, min(b + step, end)) for b in range(begin, end, step)]
+
+    def piece_has_non_finite(piece: tuple[str, int, int]) -> bool:
+        dtype, begin, end = piece
+        return has_non_finite(_view(data, start + begin, start + end, dtype))
+
+    if not any(task_map(piece_has_non_finite, pieces)):
         return
     for (layer, module, side), name in sorted(index.items()):
         if has_non_finite(views[name]):
@@ -285,6 +318,7 @@ def load_lora_adapter(
     max_lora_rank: int,
     content_hash: str | None = None,
     buffer_for: ReadBuffer | None = None,
+    task_map: TaskMap = serial_map,
 ) -> LoRAAdapter:
     """Read, validate and load a PEFT LoRA directory for the base model `arch`.
 
@@ -298,16 +332,17 @@ def load_lora_adapter(
 
     The weights are views of the file's bytes as read (one read, no copy), in its dtype: into
     `buffer_for(num_bytes)` (a uint8 tensor of at least that many bytes) when given, which the
-    caller must not reuse while it still uses the adapter.
+    caller must not reuse while it still uses the adapter. `task_map` may run the read and the
+    NaN/Inf check in pieces at once (engine/lora/task_map.py).
     """
-    config_bytes, data = _read_files(Path(path), buffer_for)
+    config_bytes, data = _read_files(Path(path), buffer_for, task_map)
     config = parse_adapter_config(config_bytes, max_lora_rank)
     weights_bytes = data.numpy().data  # [file bytes], shares memory
     tensors = parse_safetensors_header(weights_bytes)
     index = _index_tensors(tensors, config, arch)
     start = data_section_start(weights_bytes)
     views = _tensor_views(data, start, tensors)
-    _check_finite(data, start, tensors, views, index)
+    _check_finite(data, start, tensors, views, index, task_map)
     weights: dict[LayerModule, tuple[torch.Tensor, torch.Tensor]] = {}
     for layer in range(arch.num_hidden_layers):
         for module in config.target_modules:

@@ -9,6 +9,7 @@ adapter is packed into memory of its own (pageable: correct, but its upload wait
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -28,11 +29,16 @@ from loraplex.engine.lora.adapter import (
 )
 from loraplex.engine.lora.host_pages import HostPagePool, HostRun
 from loraplex.engine.lora.page_layout import AdapterPageLayout, pack_adapter, plan_layout
+from loraplex.engine.lora.task_map import ThreadMap
 from loraplex.engine.request import LoRARequest
 
 # Disk reads and packing overlap each other and the engine's steps (torch ops and file reads
 # release the GIL); more threads than this only compete for the same disk and memory bandwidth.
 NUM_LOAD_THREADS = 4
+# Each load's read, NaN/Inf check and pack run in pieces on this many more threads: one thread
+# alone reaches a fraction of a server's memory bandwidth. Half the cores at most, so that the
+# engine's own thread and the web process keep theirs.
+NUM_COPY_THREADS = max(1, min(6, (os.cpu_count() or 2) // 2))
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class AdapterLoader:
         if self.tp_layouts:
             self.module_shapes = shard_module_shapes(self.module_shapes, self.tp_layouts[0])
         self._executor = ThreadPoolExecutor(NUM_LOAD_THREADS, thread_name_prefix="lora-load")
+        self._task_map = ThreadMap(NUM_COPY_THREADS, thread_name_prefix="lora-copy")
         self._thread = threading.local()  # each thread's read buffer
 
     def submit(self, lora_request: LoRARequest) -> Future[CpuAdapter]:
@@ -87,6 +94,7 @@ class AdapterLoader:
             self.max_lora_rank,
             lora_request.content_hash,
             self._read_buffer,
+            self._task_map,
         )
         layout = plan_layout(
             adapter.rank, adapter.target_modules, self.module_shapes, self.page_size
@@ -99,11 +107,12 @@ class AdapterLoader:
         try:
             packed = [
                 pack_adapter(share, layout, num_layers, self.page_size, self.dtype,
-                             out=rank0_out if i == 0 else None)
+                             out=rank0_out if i == 0 else None, task_map=self._task_map)
                 for i, share in enumerate(shares)
             ]  # fmt: skip
             converted = any(a.dtype != self.dtype for a, _ in adapter.weights.values())
-            if converted and any(map(has_non_finite, packed)):  # fp32 beyond the model dtype
+            layers = [p[layer] for p in packed for layer in range(num_layers)]
+            if converted and any(self._task_map(has_non_finite, layers)):  # fp32 overflowed
                 raise InvalidAdapterError(
                     f"{lora_request.lora_path}: weights overflow the model's dtype {self.dtype}"
                 )
@@ -134,3 +143,4 @@ class AdapterLoader:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._task_map.shutdown()

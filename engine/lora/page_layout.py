@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.engine.lora.adapter import LoRAAdapter
+from loraplex.engine.lora.task_map import TaskMap, serial_map
 
 # Every adaptable projection, in the order of the fused projections' output columns
 # (qkv_proj, o_proj, gate_up_proj, down_proj).
@@ -147,6 +148,7 @@ def pack_adapter(
     page_size: int,
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
+    task_map: TaskMap = serial_map,
 ) -> torch.Tensor:
     """The adapter's pages, [num_layers, layout.num_pages, page_size] in `dtype` on the CPU,
     written into `out` when given (a run of the CPU cache's pinned pages: HostPagePool.view).
@@ -154,15 +156,18 @@ def pack_adapter(
 
     Every page belongs to exactly one matrix (plan_layout places them back to back), so
     writing each matrix and zeroing its pages' tails fills the buffer: no zero-fill first.
-    Each weight is copied once, converted to `dtype` on the way."""
+    Each weight is copied once, converted to `dtype` on the way; `task_map` may place the
+    matrices (disjoint pages) at once."""
     shape = (num_layers, layout.num_pages, page_size)
     if out is None:
         out = torch.empty(shape, dtype=dtype)
     assert out.shape == shape and out.dtype == dtype and out.stride(2) == 1
+    placements: list[tuple[int, list[torch.Tensor]]] = []  # (first page, a matrix per layer)
     for i, module in enumerate(SLICES):
         if layout.first_a[i] < 0:
             continue
         pairs = [adapter.weights[(layer, module)] for layer in range(num_layers)]
-        _place(out, layout.first_a[i], [a for a, _ in pairs], page_size)  # A [r, in_dim]
-        _place(out, layout.first_b[i], [b.T for _, b in pairs], page_size)  # B^T [r, out]
+        placements.append((layout.first_a[i], [a for a, _ in pairs]))  # A [r, in_dim]
+        placements.append((layout.first_b[i], [b.T for _, b in pairs]))  # B^T [r, out_dim]
+    task_map(lambda placement: _place(out, placement[0], placement[1], page_size), placements)
     return out
