@@ -2,8 +2,9 @@
 
 Builds a Llama-3-8B-shaped adapter (rank 16, all 7 projections, bf16: 84 MB) and times
 `AdapterLoader.load` with a content hash given, as the platform loads it: the median of
-`--repeats` loads, and the median of each stage on its own (read, header + tensor index,
-NaN/Inf check, pack). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
+`--repeats` loads with the default copy threads (`load`) and, interleaved with them, on the
+loading thread alone (`load_one_thread`); then the median of each stage on its own, on one
+thread (read into fresh memory, header + tensor index, NaN/Inf check, pack). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
 packed into the CPU cache's pages (HostPagePool, pinned on CUDA hosts). The file stays in the page cache: this is the CPU's part of a load.
 
     python bench/adapter_load_time.py [--repeats 15] [--json]
@@ -25,7 +26,7 @@ from workload import LORA_MODULES, SHAPES, write_random_adapter
 from loraplex.engine.lora import adapter as adapter_module
 from loraplex.engine.lora.adapter import LoRAAdapter
 from loraplex.engine.lora.adapter_config import parse_adapter_config
-from loraplex.engine.lora.adapter_loader import AdapterLoader
+from loraplex.engine.lora.adapter_loader import NUM_COPY_THREADS, AdapterLoader
 from loraplex.engine.lora.host_pages import HostPagePool
 from loraplex.engine.lora.page_layout import (
     AdapterPageLayout,
@@ -106,22 +107,36 @@ def main() -> None:
     shapes = adapter_module.lora_module_shapes(arch)
     max_pages = max_adapter_pages(MAX_LORA_RANK, shapes, PAGE_SIZE)
     pool = HostPagePool(max_pages, arch.num_hidden_layers, PAGE_SIZE, torch.bfloat16, pin)
-    loader = AdapterLoader(arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, host_pages=pool)
+    loaders = {
+        "load": AdapterLoader(arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, host_pages=pool),
+        "load_one_thread": AdapterLoader(
+            arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, host_pages=pool, num_copy_threads=0
+        ),
+    }
     request = LoRARequest("bench", 1, str(path), content_hash="0" * 64)
+    times: dict[str, list[float]] = {name: [] for name in loaders}
 
-    def load() -> None:
+    def load(loader: AdapterLoader) -> None:
         run = loader.load(request).host_run
         assert run is not None, "packed into the CPU cache's pages"
         pool.free(run)
 
-    load()  # warm-up: imports, allocator
+    for loader in loaders.values():
+        load(loader)  # warm-up: imports, allocator, the read buffer
+    for _ in range(args.repeats):  # interleaved: both see the same machine
+        for name, loader in loaders.items():
+            start = time.perf_counter()
+            load(loader)
+            times[name].append((time.perf_counter() - start) * 1e3)
     result = {
         "adapter_mb": round(sum(f.stat().st_size for f in path.iterdir()) / 1e6, 1),
         "pinned": pin,
-        "load_ms": median_ms(load, args.repeats),
+        "copy_threads": NUM_COPY_THREADS,
+        **{f"{name}_ms": statistics.median(t) for name, t in times.items()},
         **{f"{k}_ms": v for k, v in stage_ms(path, arch, pool, args.repeats).items()},
     }
-    loader.shutdown()
+    for loader in loaders.values():
+        loader.shutdown()
     if args.json:
         print(
             json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()})

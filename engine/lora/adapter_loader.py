@@ -29,7 +29,7 @@ from loraplex.engine.lora.adapter import (
 )
 from loraplex.engine.lora.host_pages import HostPagePool, HostRun
 from loraplex.engine.lora.page_layout import AdapterPageLayout, pack_adapter, plan_layout
-from loraplex.engine.lora.task_map import ThreadMap
+from loraplex.engine.lora.task_map import TaskMap, ThreadMap, serial_map
 from loraplex.engine.request import LoRARequest
 
 # Disk reads and packing overlap each other and the engine's steps (torch ops and file reads
@@ -64,10 +64,13 @@ class AdapterLoader:
         dtype: torch.dtype,
         host_pages: HostPagePool | None = None,
         tp_layouts: Sequence[TPLayout] = (),
+        num_copy_threads: int = NUM_COPY_THREADS,
     ) -> None:
         """`host_pages`: where packed adapters go (else each into memory of its own).
         `tp_layouts`: every rank's share under tensor parallelism (each rank's shard of an
-        adapter is packed; the layout is the same for all; rank 0's into `host_pages`)."""
+        adapter is packed; the layout is the same for all; rank 0's into `host_pages`).
+        `num_copy_threads`: threads that share each load's copies (0: the loading thread's
+        alone)."""
         self.arch = arch
         self.max_lora_rank = max_lora_rank
         self.page_size = page_size
@@ -78,7 +81,12 @@ class AdapterLoader:
         if self.tp_layouts:
             self.module_shapes = shard_module_shapes(self.module_shapes, self.tp_layouts[0])
         self._executor = ThreadPoolExecutor(NUM_LOAD_THREADS, thread_name_prefix="lora-load")
-        self._task_map = ThreadMap(NUM_COPY_THREADS, thread_name_prefix="lora-copy")
+        self._copy_threads = (
+            ThreadMap(num_copy_threads, thread_name_prefix="lora-copy")
+            if num_copy_threads > 0
+            else None
+        )
+        self._task_map: TaskMap = self._copy_threads or serial_map
         self._thread = threading.local()  # each thread's read buffer
 
     def submit(self, lora_request: LoRARequest) -> Future[CpuAdapter]:
@@ -143,4 +151,5 @@ class AdapterLoader:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._task_map.shutdown()
+        if self._copy_threads is not None:
+            self._copy_threads.shutdown()
