@@ -2,12 +2,12 @@
 
 Builds a Llama-3-8B-shaped adapter (rank 16, all 7 projections, bf16: 84 MB) and times
 `AdapterLoader.load` with a content hash given, as the platform loads it: the median of
-`--repeats` loads with the default copy threads (`load`) and, interleaved with them, on the
-loading thread alone (`load_one_thread`); then the median of each stage on its own, on one
-thread (read into fresh memory, header + tensor index, NaN/Inf check, pack). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
+`--repeats` loads at each `--copy-threads` count, interleaved (0: the loading thread alone;
+the default count and 0 unless told); then the median of each stage on its own, on one thread
+(read into fresh memory, header + tensor index, NaN/Inf check, pack). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
 packed into the CPU cache's pages (HostPagePool, pinned on CUDA hosts). The file stays in the page cache: this is the CPU's part of a load.
 
-    python bench/adapter_load_time.py [--repeats 15] [--json]
+    python bench/adapter_load_time.py [--repeats 15] [--copy-threads 0,2,4,6] [--json]
 """
 
 from __future__ import annotations
@@ -97,6 +97,11 @@ def stage_ms(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument(
+        "--copy-threads",
+        default=f"0,{NUM_COPY_THREADS}",
+        help="AdapterLoader num_copy_threads to compare (0: the loading thread alone)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     arch = ModelArchConfig.from_dict(SHAPES["llama3-8b"])
@@ -107,14 +112,15 @@ def main() -> None:
     shapes = adapter_module.lora_module_shapes(arch)
     max_pages = max_adapter_pages(MAX_LORA_RANK, shapes, PAGE_SIZE)
     pool = HostPagePool(max_pages, arch.num_hidden_layers, PAGE_SIZE, torch.bfloat16, pin)
+    copy_threads = [int(n) for n in args.copy_threads.split(",")]
     loaders = {
-        "load": AdapterLoader(arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, host_pages=pool),
-        "load_one_thread": AdapterLoader(
-            arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, host_pages=pool, num_copy_threads=0
-        ),
+        n: AdapterLoader(
+            arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, host_pages=pool, num_copy_threads=n
+        )
+        for n in copy_threads
     }
     request = LoRARequest("bench", 1, str(path), content_hash="0" * 64)
-    times: dict[str, list[float]] = {name: [] for name in loaders}
+    times: dict[int, list[float]] = {n: [] for n in loaders}
 
     def load(loader: AdapterLoader) -> None:
         run = loader.load(request).host_run
@@ -123,16 +129,16 @@ def main() -> None:
 
     for loader in loaders.values():
         load(loader)  # warm-up: imports, allocator, the read buffer
-    for _ in range(args.repeats):  # interleaved: both see the same machine
-        for name, loader in loaders.items():
+    for _ in range(args.repeats):  # interleaved: every count sees the same machine
+        for n, loader in loaders.items():
             start = time.perf_counter()
             load(loader)
-            times[name].append((time.perf_counter() - start) * 1e3)
+            times[n].append((time.perf_counter() - start) * 1e3)
     result = {
         "adapter_mb": round(sum(f.stat().st_size for f in path.iterdir()) / 1e6, 1),
         "pinned": pin,
-        "copy_threads": NUM_COPY_THREADS,
-        **{f"{name}_ms": statistics.median(t) for name, t in times.items()},
+        "default_copy_threads": NUM_COPY_THREADS,
+        **{f"load_{n}_copy_threads_ms": statistics.median(t) for n, t in times.items()},
         **{f"{k}_ms": v for k, v in stage_ms(path, arch, pool, args.repeats).items()},
     }
     for loader in loaders.values():

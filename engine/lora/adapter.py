@@ -46,9 +46,8 @@ _TENSOR_NAME = re.compile(
     r"\.lora_([AB])\.weight"
 )
 
-# Pieces a load reads, and checks for NaN/Inf, one task each (engine/lora/task_map.py).
+# The pieces a load reads, one task each (engine/lora/task_map.py).
 READ_CHUNK_BYTES = 8 << 20
-CHECK_CHUNK_BYTES = 4 << 20
 LayerModule = tuple[int, str]  # (layer_idx, module), e.g. (0, "q_proj")
 ReadBuffer = Callable[[int], torch.Tensor]  # num_bytes -> a uint8 tensor at least that long
 
@@ -283,27 +282,17 @@ def _check_finite(
     tensors: dict[str, TensorInfo],
     views: dict[str, torch.Tensor],
     index: dict[tuple[int, str, str], str],
-    task_map: TaskMap = serial_map,
 ) -> None:
     """Raise naming the first tensor with an Inf or a NaN. One pass over each run of same-dtype
-    tensors in the data section (the whole of it for a single-dtype file), in pieces of about
-    CHECK_CHUNK_BYTES for `task_map`; tensors one at a time only to name the culprit."""
+    tensors in the data section (the whole of it for a single-dtype file); tensors one at a
+    time only to name the culprit."""
     runs: list[tuple[str, int, int]] = []  # (dtype, begin, end), in file order
     for t in sorted(tensors.values(), key=lambda t: t.begin):  # they tile the data section
         if runs and runs[-1][0] == t.dtype:
             runs[-1] = (t.dtype, runs[-1][1], t.end)
         else:
             runs.append((t.dtype, t.begin, t.end))
-    pieces = []  # (dtype, begin, end): whole elements each, since a run is
-    for dtype, begin, end in runs:
-        step = CHECK_CHUNK_BYTES - CHECK_CHUNK_BYTES % _DTYPES[dtype].itemsize
-        pieces += [(dtype, b, min(b + step, end)) for b in range(begin, end, step)]
-
-    def piece_has_non_finite(piece: tuple[str, int, int]) -> bool:
-        dtype, begin, end = piece
-        return has_non_finite(_view(data, start + begin, start + end, dtype))
-
-    if not any(task_map(piece_has_non_finite, pieces)):
+    if not any(has_non_finite(_view(data, start + b, start + e, d)) for d, b, e in runs):
         return
     for (layer, module, side), name in sorted(index.items()):
         if has_non_finite(views[name]):
@@ -332,8 +321,8 @@ def load_lora_adapter(
 
     The weights are views of the file's bytes as read (one read, no copy), in its dtype: into
     `buffer_for(num_bytes)` (a uint8 tensor of at least that many bytes) when given, which the
-    caller must not reuse while it still uses the adapter. `task_map` may run the read and the
-    NaN/Inf check in pieces at once (engine/lora/task_map.py).
+    caller must not reuse while it still uses the adapter. `task_map` may run the read in
+    pieces at once (engine/lora/task_map.py).
     """
     config_bytes, data = _read_files(Path(path), buffer_for, task_map)
     config = parse_adapter_config(config_bytes, max_lora_rank)
@@ -342,7 +331,7 @@ def load_lora_adapter(
     index = _index_tensors(tensors, config, arch)
     start = data_section_start(weights_bytes)
     views = _tensor_views(data, start, tensors)
-    _check_finite(data, start, tensors, views, index, task_map)
+    _check_finite(data, start, tensors, views, index)
     weights: dict[LayerModule, tuple[torch.Tensor, torch.Tensor]] = {}
     for layer in range(arch.num_hidden_layers):
         for module in config.target_modules:

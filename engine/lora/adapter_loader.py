@@ -35,10 +35,10 @@ from loraplex.engine.request import LoRARequest
 # Disk reads and packing overlap each other and the engine's steps (torch ops and file reads
 # release the GIL); more threads than this only compete for the same disk and memory bandwidth.
 NUM_LOAD_THREADS = 4
-# Each load's read, NaN/Inf check and pack run in pieces on this many more threads: one thread
-# alone reaches a fraction of a server's memory bandwidth. Half the cores at most, so that the
-# engine's own thread and the web process keep theirs.
-NUM_COPY_THREADS = max(1, min(6, (os.cpu_count() or 2) // 2))
+# Each load's read and pack run in pieces on this many more threads: one thread alone reaches a
+# fraction of a server's memory bandwidth. A quarter of the cores at most, so that the engine's
+# own thread and the web process keep theirs.
+NUM_COPY_THREADS = max(1, min(4, (os.cpu_count() or 4) // 4))
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,7 @@ class AdapterLoader:
                 for i, share in enumerate(shares)
             ]  # fmt: skip
             converted = any(a.dtype != self.dtype for a, _ in adapter.weights.values())
-            layers = [p[layer] for p in packed for layer in range(num_layers)]
-            if converted and any(self._task_map(has_non_finite, layers)):  # fp32 overflowed
+            if converted and any(map(has_non_finite, packed)):  # fp32 beyond the model dtype
                 raise InvalidAdapterError(
                     f"{lora_request.lora_path}: weights overflow the model's dtype {self.dtype}"
                 )
