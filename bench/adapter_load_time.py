@@ -2,12 +2,11 @@
 
 Builds a Llama-3-8B-shaped adapter (rank 16, all 7 projections, bf16: 84 MB) and times
 `AdapterLoader.load` with a content hash given, as the platform loads it: the median of
-`--repeats` loads at each `--copy-threads` count, interleaved (0: the loading thread alone;
-the default count and 0 unless told); then the median of each stage on its own, on one thread
-(read into fresh memory, header + tensor index, NaN/Inf check, pack). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
+`--repeats` loads, and the median of each stage on its own (read, header + tensor index,
+NaN/Inf check, pack). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
 packed into the CPU cache's pages (HostPagePool, pinned on CUDA hosts). The file stays in the page cache: this is the CPU's part of a load.
 
-    python bench/adapter_load_time.py [--repeats 15] [--copy-threads 0,2,4,6] [--json]
+    python bench/adapter_load_time.py [--repeats 15] [--json]
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from workload import LORA_MODULES, SHAPES, write_random_adapter
 from loraplex.engine.lora import adapter as adapter_module
 from loraplex.engine.lora.adapter import LoRAAdapter
 from loraplex.engine.lora.adapter_config import parse_adapter_config
-from loraplex.engine.lora.adapter_loader import NUM_COPY_THREADS, AdapterLoader
+from loraplex.engine.lora.adapter_loader import AdapterLoader
 from loraplex.engine.lora.host_pages import HostPagePool
 from loraplex.engine.lora.page_layout import (
     AdapterPageLayout,
@@ -97,11 +96,6 @@ def stage_ms(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument(
-        "--copy-threads",
-        default=f"0,{NUM_COPY_THREADS}",
-        help="AdapterLoader num_copy_threads to compare (0: the loading thread alone)",
-    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     arch = ModelArchConfig.from_dict(SHAPES["llama3-8b"])
@@ -112,37 +106,22 @@ def main() -> None:
     shapes = adapter_module.lora_module_shapes(arch)
     max_pages = max_adapter_pages(MAX_LORA_RANK, shapes, PAGE_SIZE)
     pool = HostPagePool(max_pages, arch.num_hidden_layers, PAGE_SIZE, torch.bfloat16, pin)
-    copy_threads = [int(n) for n in args.copy_threads.split(",")]
-    loaders = {
-        n: AdapterLoader(
-            arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, host_pages=pool, num_copy_threads=n
-        )
-        for n in copy_threads
-    }
+    loader = AdapterLoader(arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, host_pages=pool)
     request = LoRARequest("bench", 1, str(path), content_hash="0" * 64)
-    times: dict[int, list[float]] = {n: [] for n in loaders}
 
-    def load(loader: AdapterLoader) -> None:
+    def load() -> None:
         run = loader.load(request).host_run
         assert run is not None, "packed into the CPU cache's pages"
         pool.free(run)
 
-    for loader in loaders.values():
-        load(loader)  # warm-up: imports, allocator, the read buffer
-    for _ in range(args.repeats):  # interleaved: every count sees the same machine
-        for n, loader in loaders.items():
-            start = time.perf_counter()
-            load(loader)
-            times[n].append((time.perf_counter() - start) * 1e3)
+    load()  # warm-up: imports, allocator
     result = {
         "adapter_mb": round(sum(f.stat().st_size for f in path.iterdir()) / 1e6, 1),
         "pinned": pin,
-        "default_copy_threads": NUM_COPY_THREADS,
-        **{f"load_{n}_copy_threads_ms": statistics.median(t) for n, t in times.items()},
+        "load_ms": median_ms(load, args.repeats),
         **{f"{k}_ms": v for k, v in stage_ms(path, arch, pool, args.repeats).items()},
     }
-    for loader in loaders.values():
-        loader.shutdown()
+    loader.shutdown()
     if args.json:
         print(
             json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()})

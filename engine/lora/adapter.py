@@ -30,7 +30,6 @@ from loraplex.engine.lora.safetensors_header import (
     data_section_start,
     parse_safetensors_header,
 )
-from loraplex.engine.lora.task_map import TaskMap, serial_map
 
 __all__ = ["ArchLike", "LoRAAdapter", "load_lora_adapter", "lora_module_shapes"]
 
@@ -46,8 +45,6 @@ _TENSOR_NAME = re.compile(
     r"\.lora_([AB])\.weight"
 )
 
-# The pieces a load reads, one task each (engine/lora/task_map.py).
-READ_CHUNK_BYTES = 8 << 20
 LayerModule = tuple[int, str]  # (layer_idx, module), e.g. (0, "q_proj")
 ReadBuffer = Callable[[int], torch.Tensor]  # num_bytes -> a uint8 tensor at least that long
 
@@ -105,42 +102,24 @@ def lora_module_shapes(arch: ArchLike) -> dict[str, tuple[int, int]]:
     }
 
 
-def _read_weights(
-    file: Path, buffer_for: ReadBuffer | None = None, task_map: TaskMap = serial_map
-) -> torch.Tensor:
+def _read_weights(file: Path, buffer_for: ReadBuffer | None = None) -> torch.Tensor:
     """The whole file as a uint8 tensor, read once into memory the tensors can then view:
-    `buffer_for(num_bytes)`'s, else memory of its own; in READ_CHUNK_BYTES pieces, which
-    `task_map` may read at once."""
+    `buffer_for(num_bytes)`'s, else memory of its own."""
     with file.open("rb", buffering=0) as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
+        size = os.fstat(f.fileno()).st_size
         data = torch.empty(size, dtype=torch.uint8) if buffer_for is None else buffer_for(size)
         data = data[:size]  # [file bytes]
         view = data.numpy().data  # [file bytes], shares memory
-
-        def read_piece(begin: int) -> int:
-            end, pos = min(begin + READ_CHUNK_BYTES, size), begin
-            while pos < end and (n := os.preadv(fd, [view[pos:end]], pos)):
-                pos += n
-            return pos - begin
-
-        pieces = range(0, size, READ_CHUNK_BYTES)
         num_read = 0
-        for begin, n in zip(pieces, task_map(read_piece, pieces), strict=True):
-            num_read = begin + n
-            if n < min(READ_CHUNK_BYTES, size - begin):
-                break  # the file shrank since fstat: keep what comes before the gap
-        rest = bytearray()
-        while num_read == size and (more := os.pread(fd, 1 << 20, size + len(rest))):
-            rest += more
+        while num_read < len(view) and (n := f.readinto(view[num_read:])):
+            num_read += n
+        rest = f.read()
     if rest:  # the file grew since fstat: keep all of it, as read_bytes would
-        data = torch.cat([data, torch.frombuffer(rest, dtype=torch.uint8)])
+        data = torch.cat([data, torch.frombuffer(bytearray(rest), dtype=torch.uint8)])
     return data[: num_read + len(rest)]  # shorter if it shrank
 
 
-def _read_files(
-    path: Path, buffer_for: ReadBuffer | None = None, task_map: TaskMap = serial_map
-) -> tuple[bytes, torch.Tensor]:
+def _read_files(path: Path, buffer_for: ReadBuffer | None = None) -> tuple[bytes, torch.Tensor]:
     if not path.is_dir():
         raise InvalidAdapterError("adapter path is not a directory")
     pickles = sorted(p.name for p in path.iterdir() if p.name.lower().endswith(PICKLE_SUFFIXES))
@@ -152,8 +131,7 @@ def _read_files(
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / name).is_file():  # also refuses FIFOs and devices, which could block
             raise InvalidAdapterError(f"adapter directory is missing {name}")
-    weights = _read_weights(path / WEIGHTS_FILE, buffer_for, task_map)
-    return (path / CONFIG_FILE).read_bytes(), weights
+    return (path / CONFIG_FILE).read_bytes(), _read_weights(path / WEIGHTS_FILE, buffer_for)
 
 
 def _shape_message(
@@ -307,7 +285,6 @@ def load_lora_adapter(
     max_lora_rank: int,
     content_hash: str | None = None,
     buffer_for: ReadBuffer | None = None,
-    task_map: TaskMap = serial_map,
 ) -> LoRAAdapter:
     """Read, validate and load a PEFT LoRA directory for the base model `arch`.
 
@@ -321,10 +298,9 @@ def load_lora_adapter(
 
     The weights are views of the file's bytes as read (one read, no copy), in its dtype: into
     `buffer_for(num_bytes)` (a uint8 tensor of at least that many bytes) when given, which the
-    caller must not reuse while it still uses the adapter. `task_map` may run the read in
-    pieces at once (engine/lora/task_map.py).
+    caller must not reuse while it still uses the adapter.
     """
-    config_bytes, data = _read_files(Path(path), buffer_for, task_map)
+    config_bytes, data = _read_files(Path(path), buffer_for)
     config = parse_adapter_config(config_bytes, max_lora_rank)
     weights_bytes = data.numpy().data  # [file bytes], shares memory
     tensors = parse_safetensors_header(weights_bytes)

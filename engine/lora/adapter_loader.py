@@ -9,7 +9,6 @@ adapter is packed into memory of its own (pageable: correct, but its upload wait
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -29,16 +28,11 @@ from loraplex.engine.lora.adapter import (
 )
 from loraplex.engine.lora.host_pages import HostPagePool, HostRun
 from loraplex.engine.lora.page_layout import AdapterPageLayout, pack_adapter, plan_layout
-from loraplex.engine.lora.task_map import TaskMap, ThreadMap, serial_map
 from loraplex.engine.request import LoRARequest
 
 # Disk reads and packing overlap each other and the engine's steps (torch ops and file reads
 # release the GIL); more threads than this only compete for the same disk and memory bandwidth.
 NUM_LOAD_THREADS = 4
-# Each load's read and pack run in pieces on this many more threads: one thread alone reaches a
-# fraction of a server's memory bandwidth. A quarter of the cores at most, so that the engine's
-# own thread and the web process keep theirs.
-NUM_COPY_THREADS = max(1, min(4, (os.cpu_count() or 4) // 4))
 
 
 @dataclass(frozen=True)
@@ -64,13 +58,10 @@ class AdapterLoader:
         dtype: torch.dtype,
         host_pages: HostPagePool | None = None,
         tp_layouts: Sequence[TPLayout] = (),
-        num_copy_threads: int = NUM_COPY_THREADS,
     ) -> None:
         """`host_pages`: where packed adapters go (else each into memory of its own).
         `tp_layouts`: every rank's share under tensor parallelism (each rank's shard of an
-        adapter is packed; the layout is the same for all; rank 0's into `host_pages`).
-        `num_copy_threads`: threads that share each load's copies (0: the loading thread's
-        alone)."""
+        adapter is packed; the layout is the same for all; rank 0's into `host_pages`)."""
         self.arch = arch
         self.max_lora_rank = max_lora_rank
         self.page_size = page_size
@@ -81,12 +72,6 @@ class AdapterLoader:
         if self.tp_layouts:
             self.module_shapes = shard_module_shapes(self.module_shapes, self.tp_layouts[0])
         self._executor = ThreadPoolExecutor(NUM_LOAD_THREADS, thread_name_prefix="lora-load")
-        self._copy_threads = (
-            ThreadMap(num_copy_threads, thread_name_prefix="lora-copy")
-            if num_copy_threads > 0
-            else None
-        )
-        self._task_map: TaskMap = self._copy_threads or serial_map
         self._thread = threading.local()  # each thread's read buffer
 
     def submit(self, lora_request: LoRARequest) -> Future[CpuAdapter]:
@@ -102,7 +87,6 @@ class AdapterLoader:
             self.max_lora_rank,
             lora_request.content_hash,
             self._read_buffer,
-            self._task_map,
         )
         layout = plan_layout(
             adapter.rank, adapter.target_modules, self.module_shapes, self.page_size
@@ -115,7 +99,7 @@ class AdapterLoader:
         try:
             packed = [
                 pack_adapter(share, layout, num_layers, self.page_size, self.dtype,
-                             out=rank0_out if i == 0 else None, task_map=self._task_map)
+                             out=rank0_out if i == 0 else None)
                 for i, share in enumerate(shares)
             ]  # fmt: skip
             converted = any(a.dtype != self.dtype for a, _ in adapter.weights.values())
@@ -150,5 +134,3 @@ class AdapterLoader:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-        if self._copy_threads is not None:
-            self._copy_threads.shutdown()

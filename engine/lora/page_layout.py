@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.engine.lora.adapter import LoRAAdapter
-from loraplex.engine.lora.task_map import TaskMap, serial_map
 
 # Every adaptable projection, in the order of the fused projections' output columns
 # (qkv_proj, o_proj, gate_up_proj, down_proj).
@@ -105,26 +104,6 @@ def max_adapter_pages(
     return plan_layout(max_lora_rank, SLICES, module_shapes, page_size).num_pages
 
 
-# Integer types of each element size: a same-dtype copy moves bits, and NumPy has no bf16.
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst[...] = src, converted to dst's dtype. A same-dtype copy runs in NumPy, on the calling
-    thread alone and without the GIL: torch's forks its OpenMP team for every copy this size,
-    and several loader threads each forking one starved the engine's thread (steps 14 ms late
-    on an H200 host) for no gain."""
-    if src.dtype != dst.dtype:
-        dst.copy_(src)
-        return
-    bits = _BITS[dst.element_size()]
-    dst.view(bits).numpy()[...] = src.view(bits).numpy()
-
-
-def _zero(dst: torch.Tensor) -> None:
-    dst.view(_BITS[dst.element_size()]).numpy().fill(0)
-
-
 def _place(dst: torch.Tensor, first: int, matrices: list[torch.Tensor], page_size: int) -> None:
     """Write layer l's matrix `matrices[l]` [rows, row_len] into dst[l] ([num_layers, pages,
     page_size]) from page `first` on, and zero the unused tails of those pages. One strided
@@ -138,15 +117,13 @@ def _place(dst: torch.Tensor, first: int, matrices: list[torch.Tensor], page_siz
         # [L, num_full, per_page, row_len]
         slots = pages[:, :, :used].unflatten(2, (per_page, row_len))
         for layer, matrix in enumerate(matrices):
-            _copy(slots[layer], matrix[: num_full * per_page].unflatten(0, (num_full, per_page)))
-        _zero(pages[:, :, used:])
+            slots[layer].copy_(matrix[: num_full * per_page].unflatten(0, (num_full, per_page)))
+        pages[:, :, used:].zero_()
         if rem:
             last = dst[:, first + num_full]  # [L, page_size]
             for layer, matrix in enumerate(matrices):
-                _copy(
-                    last[layer, : rem * row_len].view(rem, row_len), matrix[num_full * per_page :]
-                )
-            _zero(last[:, rem * row_len :])
+                last[layer, : rem * row_len].view(rem, row_len).copy_(matrix[num_full * per_page :])
+            last[:, rem * row_len :].zero_()
         return
     # A row longer than a page: pages_per_row pages of its own, the last one part-filled.
     segments = pages_per_row(row_len, page_size)
@@ -154,14 +131,13 @@ def _place(dst: torch.Tensor, first: int, matrices: list[torch.Tensor], page_siz
     # [L, rows, segments, page_size]
     pages = dst[:, first : first + rows * segments].unflatten(1, (rows, segments))
     for layer, matrix in enumerate(matrices):
-        _copy(
-            pages[layer, :, :num_whole],
-            matrix[:, : num_whole * page_size].unflatten(1, (num_whole, page_size)),
+        pages[layer, :, :num_whole].copy_(
+            matrix[:, : num_whole * page_size].unflatten(1, (num_whole, page_size))
         )
         if rem:
-            _copy(pages[layer, :, num_whole, :rem], matrix[:, num_whole * page_size :])
+            pages[layer, :, num_whole, :rem].copy_(matrix[:, num_whole * page_size :])
     if rem:
-        _zero(pages[:, :, num_whole, rem:])
+        pages[:, :, num_whole, rem:].zero_()
 
 
 def pack_adapter(
@@ -171,7 +147,6 @@ def pack_adapter(
     page_size: int,
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
-    task_map: TaskMap = serial_map,
 ) -> torch.Tensor:
     """The adapter's pages, [num_layers, layout.num_pages, page_size] in `dtype` on the CPU,
     written into `out` when given (a run of the CPU cache's pinned pages: HostPagePool.view).
@@ -179,18 +154,15 @@ def pack_adapter(
 
     Every page belongs to exactly one matrix (plan_layout places them back to back), so
     writing each matrix and zeroing its pages' tails fills the buffer: no zero-fill first.
-    Each weight is copied once, converted to `dtype` on the way; `task_map` may place the
-    matrices (disjoint pages) at once."""
+    Each weight is copied once, converted to `dtype` on the way."""
     shape = (num_layers, layout.num_pages, page_size)
     if out is None:
         out = torch.empty(shape, dtype=dtype)
     assert out.shape == shape and out.dtype == dtype and out.stride(2) == 1
-    placements: list[tuple[int, list[torch.Tensor]]] = []  # (first page, a matrix per layer)
     for i, module in enumerate(SLICES):
         if layout.first_a[i] < 0:
             continue
         pairs = [adapter.weights[(layer, module)] for layer in range(num_layers)]
-        placements.append((layout.first_a[i], [a for a, _ in pairs]))  # A [r, in_dim]
-        placements.append((layout.first_b[i], [b.T for _, b in pairs]))  # B^T [r, out_dim]
-    task_map(lambda placement: _place(out, placement[0], placement[1], page_size), placements)
+        _place(out, layout.first_a[i], [a for a, _ in pairs], page_size)  # A [r, in_dim]
+        _place(out, layout.first_b[i], [b.T for _, b in pairs], page_size)  # B^T [r, out]
     return out
