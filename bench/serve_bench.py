@@ -28,6 +28,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -136,6 +138,39 @@ class EngineSampler:
             "mean_running_until_peak": sum(running) / max(len(running), 1),
             "samples": self.samples,
         }
+
+
+class PySpy:
+    """py-spy sampling the server's API process and its engine process (raw folded stacks,
+    `--nonblocking`: the processes are never paused) while a rate runs; written on exit."""
+
+    def __init__(self, server_pid: int, out_dir: Path, tag: str) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        children = [
+            int(c)
+            for task in Path(f"/proc/{server_pid}/task").iterdir()
+            for c in (task / "children").read_text().split()
+        ]
+        self.targets = {"api": server_pid} | {f"engine{i}": c for i, c in enumerate(children)}
+        self.out_dir, self.tag = out_dir, tag
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> PySpy:
+        for name, pid in self.targets.items():
+            output = self.out_dir / f"{self.tag}_{name}.txt"
+            self.procs.append(subprocess.Popen(
+                ["py-spy", "record", "--pid", str(pid), "--rate", "250", "--nonblocking",
+                 "--format", "raw", "--output", str(output)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        time.sleep(1.0)  # attached before the first request
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        for proc in self.procs:
+            proc.wait(timeout=60)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -264,6 +299,9 @@ def main() -> None:
     ap.add_argument(
         "--client-processes", type=int, default=4, help="processes sending the requests"
     )
+    ap.add_argument(
+        "--py-spy", help="profile the API and engine processes at saturation into this folder"
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
@@ -318,7 +356,10 @@ def main() -> None:
                 args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=i
             )
             before = server_cpu_seconds(server.pid)
-            with EngineSampler(base_url) as sampler:
+            with ExitStack() as profiling:
+                if args.py_spy and not math.isfinite(rate):
+                    profiling.enter_context(PySpy(server.pid, Path(args.py_spy), "saturation"))
+                sampler = profiling.enter_context(EngineSampler(base_url))
                 run = run_rate(
                     clients, args.client_processes, base_url, key[0], models, prompts, rate,
                     args.output_len, seed=i,
