@@ -11,8 +11,10 @@ rate (`inf`: all at once, saturation), from `--client-processes` processes (one 
 parsing 512 streams is slower than the server); requests spread round-robin over the adapters
 and the base model. Reports per rate: output tok/s, time to first token and inter-token latency
 p50 / p90 / p99, the CPU time of the server's API process and of its engine process (per
-output token, and as a share of one core: near 1.0, that process is the bottleneck), and how fast
-requests reached the engine (its queue sampled from /metrics: EngineSampler). Last, with
+output token, and as a share of one core: near 1.0, that process is the bottleneck), how fast
+requests reached the engine (its queue sampled from /metrics: EngineSampler), and how the engine
+spent the run: its steps, their mean length and tokens, and the share of the wall time spent in
+them (`engine_busy_share`; the offline run reports the same). Last, with
 the server stopped, the offline engine (`LLM.generate`) runs the
 same requests: the server's throughput at saturation is reported against it. Prompts are fresh
 random tokens for every rate (prefix caching would otherwise serve repeats).
@@ -138,6 +140,38 @@ class EngineSampler:
             "mean_running_until_peak": sum(running) / max(len(running), 1),
             "samples": self.samples,
         }
+
+
+ENGINE_COUNTERS = {
+    "loraplex_engine_steps_total": "steps",
+    "loraplex_engine_step_seconds_total": "step_seconds",
+    "loraplex_engine_scheduled_tokens_total": "scheduled_tokens",
+}
+
+
+def engine_counters(base_url: str) -> dict[str, float]:
+    """The engine's cumulative step counters, from /metrics."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    return {
+        key: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        for name, key in ENGINE_COUNTERS.items()
+        if line.startswith(name + " ")
+    }
+
+
+def step_summary(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
+    """How the engine spent a run: its steps, their mean length and size, and the share of the
+    run's wall time it spent in them (the rest it waited for work or handled messages)."""
+    steps = after["steps"] - before["steps"]
+    busy = after["step_seconds"] - before["step_seconds"]
+    return {
+        "engine_steps": steps,
+        "engine_step_ms": 1000 * busy / max(steps, 1),
+        "engine_tokens_per_step": (after["scheduled_tokens"] - before["scheduled_tokens"])
+        / max(steps, 1),
+        "engine_busy_share": busy / seconds,
+    }
 
 
 class PySpy:
@@ -270,9 +304,9 @@ def run_rate(
     }
 
 
-def offline_tok_s(
+def offline_run(
     model_dir: Path, adapters: list[Path], prompts: list[list[int]], output_len: int
-) -> float:
+) -> dict:
     llm = LLM(str(model_dir), load_format="dummy", enable_prefix_caching=False)
     loras: list[LoRARequest | None] = [None]
     loras += [LoRARequest(f"a{i}", i + 1, str(p)) for i, p in enumerate(adapters)]
@@ -280,9 +314,20 @@ def offline_tok_s(
     requests = [{"prompt_token_ids": p} for p in prompts]
     per_request = [loras[i % len(loras)] for i in range(len(prompts))]
     llm.generate(requests[:64], params, lora_request=per_request[:64], use_tqdm=False)  # warm-up
-    start = time.perf_counter()
+
+    def counters() -> dict[str, float]:
+        stats = llm.engine.get_stats()
+        return {"steps": stats.num_steps, "step_seconds": stats.step_seconds,
+                "scheduled_tokens": stats.num_scheduled_tokens}  # fmt: skip
+
+    before, start = counters(), time.perf_counter()
     llm.generate(requests, params, lora_request=per_request, use_tqdm=False)
-    return len(prompts) * output_len / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return {
+        "output_tok_s": len(prompts) * output_len / seconds,
+        "seconds": seconds,
+        **step_summary(before, counters(), seconds),
+    }
 
 
 def main() -> None:
@@ -355,7 +400,7 @@ def main() -> None:
             prompts = random_prompts(
                 args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=i
             )
-            before = server_cpu_seconds(server.pid)
+            before, steps_before = server_cpu_seconds(server.pid), engine_counters(base_url)
             with ExitStack() as profiling:
                 if args.py_spy and not math.isfinite(rate):
                     profiling.enter_context(PySpy(server.pid, Path(args.py_spy), "saturation"))
@@ -365,6 +410,8 @@ def main() -> None:
                     args.output_len, seed=i,
                 )  # fmt: skip
             after = server_cpu_seconds(server.pid)
+            time.sleep(0.1)  # the engine's last stats snapshot of the run reaches the API
+            run |= step_summary(steps_before, engine_counters(base_url), run["seconds"])
             queue = sampler.summary(len(prompts))
             tokens = run["output_tok_s"] * run["seconds"]
             for part in ("api", "engine"):
@@ -381,8 +428,9 @@ def main() -> None:
     prompts = random_prompts(
         args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=99
     )
-    offline = offline_tok_s(model_dir, adapters, prompts, args.output_len)
-    results["offline_output_tok_s"] = offline
+    results["offline"] = offline_run(model_dir, adapters, prompts, args.output_len)
+    print(json.dumps(results["offline"]), flush=True)
+    offline = results["offline_output_tok_s"] = results["offline"]["output_tok_s"]
     saturated = [r for r in results["rates"] if not math.isfinite(r["rate"])]
     if saturated:
         results["server_over_offline"] = saturated[0]["output_tok_s"] / offline

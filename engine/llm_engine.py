@@ -95,6 +95,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.num_generated_tokens = 0
         self.num_steps = 0
+        self.num_scheduled_tokens = 0  # tokens computed by the steps (prefill and decode)
+        self.step_seconds = 0.0  # wall time inside step(): what the engine's loop spends there
         self._throughput = _RateMeter()
 
     @classmethod
@@ -214,6 +216,13 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        try:
+            return self._step()
+        finally:
+            self.step_seconds += time.perf_counter() - start
+
+    def _step(self) -> list[RequestOutput]:
         self._check_alive()
         failed_loads: list[RequestOutput] = []
         if self.lora_manager is not None:
@@ -244,6 +253,7 @@ class LLMEngine:
         self.num_generated_tokens += len(runner_output.sampled_token_ids)
         self._throughput.add(len(runner_output.sampled_token_ids))
         self.num_steps += 1
+        self.num_scheduled_tokens += sum(s.num_new_tokens for s in scheduler_output.scheduled)
         return failed_loads + outputs
 
     def _check_alive(self) -> None:
@@ -339,6 +349,8 @@ class LLMEngine:
             prefix_cache_hit_tokens=kv.num_prefix_hit_tokens,
             num_generated_tokens=self.num_generated_tokens,
             num_steps=self.num_steps,
+            num_scheduled_tokens=self.num_scheduled_tokens,
+            step_seconds=self.step_seconds,
             throughput_tokens_per_s=self._throughput.rate(),
             lora=replace(
                 self.lora_manager.get_stats() if self.lora_manager else LoRAStats(),

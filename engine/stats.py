@@ -79,6 +79,8 @@ class EngineStats:
     # Work done.
     num_generated_tokens: int = 0
     num_steps: int = 0
+    num_scheduled_tokens: int = 0  # computed by the steps: prefill and decode tokens
+    step_seconds: float = 0.0  # wall time the engine spent in its steps
     throughput_tokens_per_s: float = 0.0  # over the last ~10 s
     lora: LoRAStats = field(default_factory=LoRAStats)
 

@@ -146,6 +146,16 @@ class Metrics:
             ("event",),
             subsystem="engine",
         )
+        self.steps = self._metric(Counter, "steps", "Engine steps run.", subsystem="engine")
+        self.step_seconds = self._metric(
+            Counter, "step_seconds", "Wall time the engine spent in its steps.", subsystem="engine"
+        )
+        self.scheduled_tokens = self._metric(
+            Counter,
+            "scheduled_tokens",
+            "Tokens computed by the engine's steps (prefill and decode).",
+            subsystem="engine",
+        )
         self.adapter_waits = self._metric(
             Counter,
             "adapter_waits",
@@ -246,6 +256,9 @@ class Metrics:
         self._advance(self.preemptions, "recompute", stats.num_preemptions_recompute)
         self._advance(self.adapter_events, "load", stats.lora.num_gpu_loads)
         self._advance(self.adapter_events, "evict", stats.lora.num_gpu_evictions)
+        self._advance_total(self.steps, stats.num_steps)
+        self._advance_total(self.step_seconds, stats.step_seconds)
+        self._advance_total(self.scheduled_tokens, stats.num_scheduled_tokens)
         self._advance_total(self.adapter_waits, stats.lora.num_adapter_waits)
         self._advance_total(self.adapter_wait_seconds, stats.lora.adapter_wait_seconds)
 

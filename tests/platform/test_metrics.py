@@ -87,6 +87,9 @@ def test_engine_gauges() -> None:
         prefix_cache_queried_tokens=100,
         prefix_cache_hit_tokens=40,
         throughput_tokens_per_s=512.5,
+        num_steps=12,
+        num_scheduled_tokens=4000,
+        step_seconds=1.5,
         lora=lora,
     )
     metrics.update_engine_gauges(stats)
@@ -106,6 +109,9 @@ def test_engine_gauges() -> None:
     assert _value(metrics, "loraplex_engine_adapter_events_total", event="load") == 6
     assert _value(metrics, "loraplex_engine_adapter_waits_total") == 3
     assert _value(metrics, "loraplex_engine_adapter_wait_seconds_total") == 0.75
+    assert _value(metrics, "loraplex_engine_steps_total") == 12
+    assert _value(metrics, "loraplex_engine_scheduled_tokens_total") == 4000
+    assert _value(metrics, "loraplex_engine_step_seconds_total") == 1.5
 
     # Cumulative counts advance by their increase; a drop means an engine restart.
     stats = replace(
