@@ -73,15 +73,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def server_cpu_seconds(pid: int) -> dict[str, float]:
-    """CPU seconds of the server's process ("api": HTTP, auth, streaming) and of its children
-    (the engine process, plus any tensor-parallel workers: "engine")."""
-    children = [
+def child_pids(pid: int) -> list[int]:
+    """The live process's children (Linux /proc)."""
+    return [
         int(c)
         for task in Path(f"/proc/{pid}/task").iterdir()
         for c in (task / "children").read_text().split()
     ]
-    return {"api": cpu_seconds(pid), "engine": sum(cpu_seconds(c) for c in children)}
+
+
+def server_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of the server's process ("api": HTTP, auth, streaming) and of its children
+    (the engine process, plus any tensor-parallel workers: "engine")."""
+    return {"api": cpu_seconds(pid), "engine": sum(cpu_seconds(c) for c in child_pids(pid))}
 
 
 class EngineSampler:
@@ -180,11 +184,7 @@ class PySpy:
 
     def __init__(self, server_pid: int, out_dir: Path, tag: str) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        children = [
-            int(c)
-            for task in Path(f"/proc/{server_pid}/task").iterdir()
-            for c in (task / "children").read_text().split()
-        ]
+        children = child_pids(server_pid)
         self.targets = {"api": server_pid} | {f"engine{i}": c for i, c in enumerate(children)}
         self.out_dir, self.tag = out_dir, tag
         self.procs: list[subprocess.Popen[bytes]] = []

@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session, sessionmaker
 # One pooled connection per worker thread: FastAPI's sync dependencies and `anyio.to_thread`
 # share anyio's default limit of 40 threads. A smaller pool makes threads wait for, or open and
 # close, connections on every request under load (a quarter of the API's CPU in a profile of a
-# 384-request burst on SQLite).
+# 384-request burst on SQLite). On PostgreSQL that is up to 50 connections per server process:
+# its max_connections (100 by default) must leave room for them.
 POOL_SIZE = 40
 MAX_OVERFLOW = 10
 
