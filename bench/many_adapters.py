@@ -146,7 +146,7 @@ def cold_adapter(files: list[Path], tag: str, trial: int) -> LoRARequest:
     return LoRARequest(f"{tag}{trial}", lora_int_id, str(path), fake_hash(f"cold-{tag}-{trial}"))
 
 
-def cold_load(engine: LLMEngine, files: list[Path], prompt: list[int], trials: int = 5) -> dict:
+def cold_load(engine: LLMEngine, files: list[Path], prompt: list[int], trials: int = 11) -> dict:
     """Added TTFT of a never-seen adapter (read from disk) and of one in the CPU cache only,
     against a resident one: medians over `trials`, each trial with adapters of its own (new
     content hashes over `files`, so each is a different adapter to the engine), and the
