@@ -1,6 +1,6 @@
-"""The audit log's one writer: every admin mutation, over the API (`api/audit.py`) or the
-command line (`cli/commands.py`), runs inside `recording(...)`, which writes its event once the
-mutation has ended, however it ended.
+"""The audit log's one writer: every admin mutation, over the API (`api/audit.py`), the
+command line (`cli/commands.py`) or the demo's set-up (`demo/bootstrap.py`), runs inside
+`recording(...)`, which writes its event once the mutation has ended, however it ended.
 
 The event is written in a session of its own, after the mutation's own session has committed
 or rolled back: a refused or rolled-back mutation still leaves its failed event, and a

@@ -198,6 +198,24 @@ def test_demo_bootstrap_is_idempotent(env: Path) -> None:
     assert len(first.adapter_names) == 2
     with Database(settings.resolved_database_url).session() as session:
         assert len(session.scalars(select(ApiKey)).all()) == 1
+        events = session.scalars(select(AuditEvent).order_by(AuditEvent.id)).all()
+    # What the demo created is audited once, as `demo`; the second start created nothing.
+    assert [(e.actor, e.action, e.target_id, e.result) for e in events] == [
+        ("demo", "tenant.create", 1, "ok"),
+        ("demo", "key.create", 1, "ok"),
+        ("demo", "adapter.upload", 1, "ok"),
+        ("demo", "adapter.upload", 2, "ok"),
+    ]
+    assert events[2].detail["name"] == first.adapter_names[0]
+    assert first.api_key not in str([e.detail for e in events])
+
+    # A reset key file (the database kept) makes a new key, audited too.
+    (env / "demo_api_key").unlink()
+    third = bootstrap_demo(Settings())
+    assert third.api_key != first.api_key and third.tenant_id == first.tenant_id
+    with Database(settings.resolved_database_url).session() as session:
+        last = session.scalars(select(AuditEvent).order_by(AuditEvent.id.desc())).first()
+    assert last is not None and (last.action, last.target_id) == ("key.create", 2)
 
 
 def test_commands_that_use_secrets_never_mint_them(
