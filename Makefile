@@ -46,9 +46,10 @@ format: $(STAMP)
 	$(BIN)/ruff format engine kernels platform tests bench migrations
 
 # The package as a wheel in .whl/, for a machine that gets no source install (bench/h200_run.sh
-# installs it there). build/lib goes first: setuptools would pack modules deleted since it was made.
+# installs it there), beside .whl/deps (server-wheels). build/lib goes first: setuptools would
+# pack modules deleted since it was made.
 wheel: $(STAMP)
-	rm -rf .whl build/lib build/bdist.*
+	rm -rf .whl/loraplex-*.whl build/lib build/bdist.*
 	$(BIN)/python -m pip wheel -q --no-deps -w .whl .
 
 # The server's own dependencies as wheels for the GPU machine's Python 3.12 (it has torch, triton,
