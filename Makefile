@@ -53,13 +53,15 @@ wheel: $(STAMP)
 	$(BIN)/python -m pip wheel -q --no-deps -w .whl .
 
 # The server's own dependencies as wheels for the GPU machine's Python 3.12 (it has torch, triton,
-# transformers and peft but no package index): bench/h200_run.sh's `serve` step installs them.
+# transformers and peft but no package index): bench/h200_run.sh's `serve` step installs them,
+# and py-spy for `serve_bench.py --py-spy`.
 server-wheels: $(STAMP)
 	rm -rf .whl/deps
 	$(BIN)/python -m pip download -q --dest .whl/deps --only-binary=:all: \
 		--python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux_2_5_x86_64 \
 		fastapi 'uvicorn[standard]' sqlalchemy alembic pydantic pydantic-settings 'pyjwt[crypto]' \
-		prometheus-client python-multipart openai redis 'psycopg[binary]' jinja2
+		prometheus-client python-multipart openai redis 'psycopg[binary]' jinja2 py-spy
 
 # One screenshot per admin console page into admin-ui/screenshots/ (Debian's chromium).
 screenshots: $(STAMP)

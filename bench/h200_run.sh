@@ -37,7 +37,7 @@ EOF
 if [ -d .whl/deps ]; then
   PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-index --find-links .whl/deps \
     fastapi 'uvicorn[standard]' sqlalchemy alembic pydantic-settings 'pyjwt[crypto]' \
-    prometheus-client python-multipart openai redis 'psycopg[binary]' || exit 2
+    prometheus-client python-multipart openai redis 'psycopg[binary]' py-spy || exit 2
 fi
 
 # Per-step limits keep `env gpu-tests kernels tput` under 10 minutes. SIGINT first: pytest then
