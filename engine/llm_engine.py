@@ -96,7 +96,7 @@ class LLMEngine:
         self.num_generated_tokens = 0
         self.num_steps = 0
         self.num_scheduled_tokens = 0  # tokens computed by the steps (prefill and decode)
-        self.step_seconds = 0.0  # wall time inside step(): what the engine's loop spends there
+        self.step_seconds = 0.0  # wall time inside step(), less its waits for adapter loads
         self._throughput = _RateMeter()
 
     @classmethod
@@ -231,7 +231,9 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             # Requests are waiting for their adapters' loads: let the loader threads work.
+            waited = time.perf_counter()
             time.sleep(EMPTY_STEP_WAIT_S)
+            self.step_seconds -= time.perf_counter() - waited  # waiting is not step time
         try:
             lora = None
             if self.lora_manager is not None:

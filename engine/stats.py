@@ -80,7 +80,7 @@ class EngineStats:
     num_generated_tokens: int = 0
     num_steps: int = 0
     num_scheduled_tokens: int = 0  # computed by the steps: prefill and decode tokens
-    step_seconds: float = 0.0  # wall time the engine spent in its steps
+    step_seconds: float = 0.0  # wall time in its steps (not waiting for adapter loads)
     throughput_tokens_per_s: float = 0.0  # over the last ~10 s
     lora: LoRAStats = field(default_factory=LoRAStats)
 

@@ -15,6 +15,7 @@ from loraplex.engine import LoRARequest, SamplingParams
 from loraplex.engine.errors import AdapterRemovedError, InvalidAdapterError, RequestTooLongError
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.lora import lora_manager
+from loraplex.engine.lora.adapter_loader import CpuAdapter
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from tests.engine.engine_driver import make_llm, run_to_completion
 from tests.engine.lora_adapters import write_peft_adapter
@@ -168,3 +169,30 @@ def test_making_room_for_a_request_never_evicts_its_own_adapter(
         engine.add_request(f"r{i}", prompt, params, lora_request=lora)
     outs = run_to_completion(engine)
     assert {o.outputs[0].finish_reason for o in outs.values()} == {"length"}
+
+
+def test_waiting_for_an_adapter_load_is_not_counted_as_step_time(
+    base: Path, tmp_path: Path
+) -> None:
+    """step_seconds (the engine's busy time in /metrics) leaves out the empty steps' sleeps
+    while every request waits for its adapter."""
+    path = write_peft_adapter(base, tmp_path / "slow", 4, ["q_proj"], seed=4)
+    engine = make_llm(base).engine
+    loader = engine.lora_manager.loader
+    load = loader.load
+
+    def slow_load(request: LoRARequest) -> CpuAdapter:
+        time.sleep(0.3)
+        return load(request)
+
+    loader.load = slow_load  # submit() looks it up on the instance
+    # Registered elsewhere (as the platform does): read only when the request needs it.
+    slow = LoRARequest("slow", 1, str(path), content_hash="c" * 64)
+    engine.add_request("r", [5, 6, 7], PARAMS, lora_request=slow)
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():  # no integrity checks between steps: they wait
+        engine.step()
+    wall = time.perf_counter() - start
+    stats = engine.get_stats()
+    assert stats.num_generated_tokens == PARAMS.max_tokens
+    assert 0 < stats.step_seconds < wall - 0.25  # the 0.3 s load was waited for, not stepped
