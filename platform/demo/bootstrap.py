@@ -104,7 +104,8 @@ def _change(db: Database, action: AuditAction) -> Iterator[tuple[Session, AuditE
 
 
 def _explain(exc: BaseException) -> AuditFailure:
-    return AuditFailure(None, type(exc).__name__, "the demo set-up failed")
+    """The failure in the audit log as the operator's traceback names it (the set-up stops)."""
+    return AuditFailure(None, type(exc).__name__, str(exc) or "the demo set-up failed")
 
 
 def _demo_tenant(db: Database, settings: Settings) -> int:
