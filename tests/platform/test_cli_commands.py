@@ -14,6 +14,7 @@ import jwt
 import pytest
 from sqlalchemy import select
 
+from loraplex.platform import crud
 from loraplex.platform.cli import main
 from loraplex.platform.cli.main import (
     AUDIT_ACTIONS,
@@ -272,3 +273,22 @@ def test_cli_choices_are_the_registry_values() -> None:
     assert tuple(a.value for a in AuditAction) == AUDIT_ACTIONS
     assert tuple(t.value for t in AuditTarget) == AUDIT_TARGETS
     assert tuple(r.value for r in AuditResult) == AUDIT_RESULTS
+
+
+def test_a_failed_demo_step_is_audited_with_its_error(
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(crud, "register_adapter", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        bootstrap_demo(Settings())
+    with Database(Settings().resolved_database_url).session() as session:
+        events = session.scalars(select(AuditEvent).order_by(AuditEvent.id)).all()
+    assert [(e.action, e.result, e.error_code) for e in events] == [
+        ("tenant.create", "ok", None),
+        ("key.create", "ok", None),
+        ("adapter.upload", "failed", "OSError"),
+    ]
+    assert events[2].detail["error"] == "No space left on device"
