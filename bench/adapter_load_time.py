@@ -1,10 +1,13 @@
-"""Disk -> packed CPU pages time of one never-seen adapter (issue 11's cold-load cost).
+"""Disk -> staged CPU pages time of one never-seen adapter (issue 11's cold-load cost).
 
 Builds a Llama-3-8B-shaped adapter (rank 16, all 7 projections, bf16: 84 MB) and times
 `AdapterLoader.load` with a content hash given, as the platform loads it: the median of
 `--repeats` loads, and the median of each stage on its own (read, header + tensor index,
-NaN/Inf check, pack). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
-packed into the CPU cache's pages (HostPagePool, pinned on CUDA hosts). The file stays in the page cache: this is the CPU's part of a load.
+NaN/Inf check, stage). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
+staged into the CPU cache's pages (HostPagePool, pinned on CUDA hosts). The file stays in the
+page cache: this is the CPU's part of a load. Beside it, in the same run: the CPU time of the
+kernels' layout made on the host (`pack_adapter`: B transposed there, as loads did before),
+and on CUDA the device part of an upload (copy + `transpose_staged_b`, synchronized).
 
     python bench/adapter_load_time.py [--repeats 15] [--json]
 """
@@ -32,6 +35,8 @@ from loraplex.engine.lora.page_layout import (
     max_adapter_pages,
     pack_adapter,
     plan_layout,
+    stage_adapter,
+    transpose_staged_b,
 )
 from loraplex.engine.lora.safetensors_header import data_section_start, parse_safetensors_header
 from loraplex.engine.model.hf_config import ModelArchConfig
@@ -51,13 +56,26 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def pack_into_pool(
+def stage_into_pool(
     pool: HostPagePool, adapter: LoRAAdapter, layout: AdapterPageLayout, layers: int, dtype
 ) -> None:
     run = pool.allocate(layout.num_pages)
     assert run is not None
-    pack_adapter(adapter, layout, layers, PAGE_SIZE, dtype, out=pool.view(run))
+    stage_adapter(adapter, layout, layers, PAGE_SIZE, dtype, out=pool.view(run))
     pool.free(run)
+
+
+def upload_ms(staged: torch.Tensor, layout: AdapterPageLayout, repeats: int) -> float:
+    """Host -> device copy of staged pages and the device transpose of each B, synchronized."""
+
+    def upload() -> None:
+        # a run of the host pool is page-major in memory: it travels as it lies
+        on_device = staged.transpose(0, 1).to("cuda", non_blocking=True).transpose(0, 1)
+        transpose_staged_b(on_device, layout)
+        torch.cuda.synchronize()
+
+    upload()
+    return median_ms(upload, repeats)
 
 
 def stage_ms(
@@ -86,9 +104,9 @@ def stage_ms(
         "finite_check": median_ms(
             lambda: adapter_module._check_finite(data, start, tensors, views, index), repeats
         ),
-        "pack": median_ms(
-            lambda: pack_into_pool(pool, adapter, layout, layers, dtype),
-            repeats,
+        "stage": median_ms(lambda: stage_into_pool(pool, adapter, layout, layers, dtype), repeats),
+        "pack_with_host_transpose": median_ms(
+            lambda: pack_adapter(adapter, layout, layers, PAGE_SIZE, dtype), repeats
         ),
     }
 
@@ -111,7 +129,7 @@ def main() -> None:
 
     def load() -> None:
         run = loader.load(request).host_run
-        assert run is not None, "packed into the CPU cache's pages"
+        assert run is not None, "staged into the CPU cache's pages"
         pool.free(run)
 
     load()  # warm-up: imports, allocator
@@ -121,6 +139,9 @@ def main() -> None:
         "load_ms": median_ms(load, args.repeats),
         **{f"{k}_ms": v for k, v in stage_ms(path, arch, pool, args.repeats).items()},
     }
+    if pin:
+        staged = loader.load(request)
+        result["device_upload_ms"] = upload_ms(staged.packed, staged.layout, args.repeats)
     loader.shutdown()
     if args.json:
         print(

@@ -22,7 +22,7 @@ from loraplex.engine.lora.adapter import LoRAAdapter, lora_module_shapes
 from loraplex.engine.lora.adapter_loader import CpuAdapter
 from loraplex.engine.lora.adapter_pool import AdapterPool
 from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
-from loraplex.engine.lora.page_layout import SLICES, pack_adapter, plan_layout
+from loraplex.engine.lora.page_layout import SLICES, plan_layout, stage_adapter
 from loraplex.kernels.lora_mapping import build_lora_mapping
 from loraplex.kernels.reference import lora as reference
 
@@ -123,7 +123,7 @@ def create_adapter_pool(
     dtype: torch.dtype, device: torch.device, mix: AdapterMix = EIGHT_RANK_16
 ) -> AdapterPool:
     """The mix's adapters uploaded into a pool of exactly the blocks they take, ready. Those of
-    one rank share one random adapter's packed pages (packing hundreds of adapters would take
+    one rank share one random adapter's staged pages (packing hundreds of adapters would take
     long) with a scaling each, so every adapter's deltas are its own."""
     layouts = {r: plan_layout(r, mix.modules, SHAPES, PAGE_SIZE) for r in set(mix.ranks)}
     num_blocks = sum(layouts[mix.rank(i)].num_pages for i in range(mix.num_adapters))
@@ -132,7 +132,7 @@ def create_adapter_pool(
     max_pages = max(layout.num_pages for layout in layouts.values())
     pool = AdapterPool(kv, pages, max_resident=mix.num_adapters, max_pages=max_pages)
     packed = {
-        r: pack_adapter(random_adapter(r, mix.modules), layout, NUM_LAYERS, PAGE_SIZE, dtype)
+        r: stage_adapter(random_adapter(r, mix.modules), layout, NUM_LAYERS, PAGE_SIZE, dtype)
         for r, layout in layouts.items()
     }
     for i in range(mix.num_adapters):

@@ -1,8 +1,8 @@
 """AdapterLoader: disk -> CPU, on worker threads, never on the engine's step path.
 
-A load reads and validates the PEFT directory (engine/lora/adapter.py), then packs its weights
-into the page layout they will have on the GPU (engine/lora/page_layout.py), in the model's
-dtype, straight into a run of the CPU cache's pages (engine/lora/host_pages.py: pinned once at
+A load reads and validates the PEFT directory (engine/lora/adapter.py), then stages its weights
+in the pages they will take on the GPU (engine/lora/page_layout.py: B untransposed, the upload
+transposes it), in the model's dtype, straight into a run of the CPU cache's pages (engine/lora/host_pages.py: pinned once at
 start, so a load makes no CUDA call and its upload is asynchronous). When no run is free, the
 adapter is packed into memory of its own (pageable: correct, but its upload waits for the host).
 """
@@ -27,7 +27,7 @@ from loraplex.engine.lora.adapter import (
     lora_module_shapes,
 )
 from loraplex.engine.lora.host_pages import HostPagePool, HostRun
-from loraplex.engine.lora.page_layout import AdapterPageLayout, pack_adapter, plan_layout
+from loraplex.engine.lora.page_layout import AdapterPageLayout, plan_layout, stage_adapter
 from loraplex.engine.request import LoRARequest
 
 # Disk reads and packing overlap each other and the engine's steps (torch ops and file reads
@@ -37,11 +37,11 @@ NUM_LOAD_THREADS = 4
 
 @dataclass(frozen=True)
 class CpuAdapter:
-    """An adapter in host memory, packed as its GPU pages."""
+    """An adapter in host memory, staged as its GPU pages (page_layout.stage_adapter)."""
 
     content_hash: str
     layout: AdapterPageLayout
-    packed: torch.Tensor  # [num_layers, layout.num_pages, page_size], the model's dtype
+    packed: torch.Tensor  # [num_layers, layout.num_pages, page_size] staged, the model's dtype
     scaling: float
     load_seconds: float  # disk -> packed
     # Tensor parallelism: `packed` is rank 0's shard; these are ranks 1 .. N-1's.
@@ -98,8 +98,8 @@ class AdapterLoader:
         num_layers = self.arch.num_hidden_layers
         try:
             packed = [
-                pack_adapter(share, layout, num_layers, self.page_size, self.dtype,
-                             out=rank0_out if i == 0 else None)
+                stage_adapter(share, layout, num_layers, self.page_size, self.dtype,
+                              out=rank0_out if i == 0 else None)
                 for i, share in enumerate(shares)
             ]  # fmt: skip
             converted = any(a.dtype != self.dtype for a, _ in adapter.weights.values())

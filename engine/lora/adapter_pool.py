@@ -30,7 +30,11 @@ import torch
 
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.lora.adapter_loader import CpuAdapter
-from loraplex.engine.lora.page_layout import NUM_SLICES
+from loraplex.engine.lora.page_layout import (
+    NUM_SLICES,
+    AdapterPageLayout,
+    transpose_staged_b,
+)
 
 
 @dataclass
@@ -47,9 +51,9 @@ class ShardUpload:
 
     resident_id: int
     block_ids: list[int]
-    rows: torch.Tensor  # [3, NUM_SLICES] int32: first_a, first_b, ranks
+    layout: AdapterPageLayout
     scaling: float
-    packed: torch.Tensor  # [num_layers, num_pages, page_size]
+    packed: torch.Tensor  # [num_layers, num_pages, page_size], staged
 
 
 class AdapterTables:
@@ -77,13 +81,16 @@ class AdapterTables:
         self,
         packed: torch.Tensor,
         ids: torch.Tensor,
-        rows: torch.Tensor,
+        layout: AdapterPageLayout,
         scaling: float,
         resident_id: int,
     ) -> None:
-        """An adapter's pages into blocks `ids` and its row of the tables."""
+        """An adapter's staged pages (page_layout.stage_adapter) into blocks `ids`, transposed
+        there into the kernels' layout, and its row of the tables."""
         device = self.device
-        staged = _pages_to(packed, device)  # [L, P, page_size]
+        staged = _pages_to(packed, device)  # [L, P, page_size], a copy of its own
+        transpose_staged_b(staged, layout)
+        rows = table_rows(layout)
         # One small copy for the block ids and the row; from pinned memory on CUDA: a copy from
         # pageable memory makes the host wait for the copy stream, and so for the steps queued
         # on the compute stream before it.
@@ -101,16 +108,24 @@ class AdapterTables:
 
     def apply(self, upload: ShardUpload) -> None:
         ids = torch.tensor(upload.block_ids, dtype=torch.int64)
-        self.write(upload.packed, ids, upload.rows, upload.scaling, upload.resident_id)
+        self.write(upload.packed, ids, upload.layout, upload.scaling, upload.resident_id)
+
+
+def table_rows(layout: AdapterPageLayout) -> torch.Tensor:
+    """[3, NUM_SLICES] int32: the adapter's first_a, first_b and ranks columns of the tables
+    (untargeted slices: first page 0, rank 0, never read)."""
+    rows = torch.tensor([layout.first_a, layout.first_b, layout.ranks], dtype=torch.int32)
+    return rows.clamp(min=0)
 
 
 def _pages_to(packed: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """[num_layers, num_pages, page_size] on `device`, in one copy: a run of the host page
-    pool (page-major in memory) travels as it lies and is viewed back on the device."""
+    """[num_layers, num_pages, page_size] on `device`, in one copy (always a copy, even on the
+    host: the upload transposes it in place): a run of the host page pool (page-major in
+    memory) travels as it lies and is viewed back on the device."""
     page_major = packed.transpose(0, 1)  # [P, L, page_size]
     if page_major.is_contiguous():
-        return page_major.to(device, non_blocking=True).transpose(0, 1)
-    return packed.to(device, non_blocking=True)
+        return page_major.to(device, non_blocking=True, copy=True).transpose(0, 1)
+    return packed.to(device, non_blocking=True, copy=True)
 
 
 class AdapterPool(AdapterTables):
@@ -252,18 +267,16 @@ class AdapterPool(AdapterTables):
         """Write the pages and the tables' row; on CUDA asynchronously, on the copy stream."""
         layout = cpu.layout
         ids = torch.tensor(block_ids, dtype=torch.int64)
-        rows = torch.tensor([layout.first_a, layout.first_b, layout.ranks], dtype=torch.int32)
-        rows = rows.clamp(min=0)  # untargeted slices: first page 0, rank 0 (never read)
         for pending, packed in zip(self.shard_uploads, cpu.packed_shards, strict=True):
-            pending.append(ShardUpload(resident_id, block_ids, rows, cpu.scaling, packed))
+            pending.append(ShardUpload(resident_id, block_ids, layout, cpu.scaling, packed))
         stream = self.copy_stream
         if stream is None:
-            self.write(cpu.packed, ids, rows, cpu.scaling, resident_id)
+            self.write(cpu.packed, ids, layout, cpu.scaling, resident_id)
             return None
         # The blocks taken may still be read or written by steps queued on the compute stream.
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self.write(cpu.packed, ids, rows, cpu.scaling, resident_id)
+            self.write(cpu.packed, ids, layout, cpu.scaling, resident_id)
             return stream.record_event()
 
     def check_integrity(self) -> None:

@@ -9,7 +9,7 @@ for.
 
 The slab is page-major: host page p holds one adapter page for every layer, so a run of pages
 is one contiguous block, and its [num_layers, num_pages, page_size] view (`view`) is what
-`pack_adapter` writes and what the upload copies.
+`stage_adapter` writes and what the upload copies.
 
     slab  [num_pages, num_layers, page_size]
     run   pages [start, start + num_pages), first fit

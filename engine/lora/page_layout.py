@@ -21,10 +21,21 @@ straddles a page unless it is longer than one: then it takes `pages_per_row` pag
 so an adapter takes pages in proportion to its own rank (never padded to `max_lora_rank`), and
 the kernels (kernels/reference/lora.py) find any row from the adapter's page list and the
 matrix's first page alone.
+
+Staged form. On the host a load writes each B_i as the file stores it, [out_dim_i, r] row-major,
+flat over B_i^T's pages (page after page, the rest zero): a plain copy, where transposing on the
+CPU was the slowest part of a load (a strided gather per row). The upload transposes them on the
+GPU (`transpose_staged_b`, a few launches per slice for all layers at once). A_i is written as
+the kernels read it in both forms.
+
+    stage_adapter       adapter -> staged pages (host)
+    transpose_staged_b  staged pages -> kernel pages, in place (device, or host for tests)
+    pack_adapter        both: the kernel pages on the host
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +81,7 @@ class AdapterPageLayout:
     first_a: tuple[int, ...]  # [NUM_SLICES] first page of A_i
     first_b: tuple[int, ...]  # [NUM_SLICES] first page of B_i^T
     num_pages: int
+    out_dims: tuple[int, ...] = (0,) * NUM_SLICES  # [NUM_SLICES] B_i's rows (0: not targeted)
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -84,17 +96,17 @@ def plan_layout(
     page_size: int,
 ) -> AdapterPageLayout:
     """Place each targeted slice's A, then its B^T, one after the other."""
-    first_a, first_b = [-1] * NUM_SLICES, [-1] * NUM_SLICES
+    first_a, first_b, out_dims = [-1] * NUM_SLICES, [-1] * NUM_SLICES, [0] * NUM_SLICES
     next_page = 0
     for i, module in enumerate(SLICES):
         if module not in target_modules:
             continue
-        in_dim, out_dim = module_shapes[module]
+        in_dim, out_dims[i] = module_shapes[module]
         first_a[i] = next_page
         next_page += matrix_pages(rank, in_dim, page_size)
         first_b[i] = next_page
-        next_page += matrix_pages(rank, out_dim, page_size)
-    return AdapterPageLayout(rank, tuple(first_a), tuple(first_b), next_page)
+        next_page += matrix_pages(rank, out_dims[i], page_size)
+    return AdapterPageLayout(rank, tuple(first_a), tuple(first_b), next_page, tuple(out_dims))
 
 
 def max_adapter_pages(
@@ -104,7 +116,22 @@ def max_adapter_pages(
     return plan_layout(max_lora_rank, SLICES, module_shapes, page_size).num_pages
 
 
-def _place(dst: torch.Tensor, first: int, matrices: list[torch.Tensor], page_size: int) -> None:
+Matrices = torch.Tensor | Sequence[torch.Tensor]  # one per layer, or stacked [L, rows, cols]
+
+
+def _put(
+    target: torch.Tensor, matrices: Matrices, pick: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """target[l] = pick(matrices[l]) for every layer l: one copy when the matrices are stacked
+    (`pick` indexes from the right, so it serves one matrix and the stack alike)."""
+    if isinstance(matrices, torch.Tensor):
+        target.copy_(pick(matrices))
+    else:
+        for layer, matrix in enumerate(matrices):
+            target[layer].copy_(pick(matrix))
+
+
+def _place(dst: torch.Tensor, first: int, matrices: Matrices, page_size: int) -> None:
     """Write layer l's matrix `matrices[l]` [rows, row_len] into dst[l] ([num_layers, pages,
     page_size]) from page `first` on, and zero the unused tails of those pages. One strided
     copy per layer (two when the last page is part-filled or rows are split over pages)."""
@@ -116,13 +143,13 @@ def _place(dst: torch.Tensor, first: int, matrices: list[torch.Tensor], page_siz
         pages = dst[:, first : first + num_full]  # [L, num_full, page_size]
         # [L, num_full, per_page, row_len]
         slots = pages[:, :, :used].unflatten(2, (per_page, row_len))
-        for layer, matrix in enumerate(matrices):
-            slots[layer].copy_(matrix[: num_full * per_page].unflatten(0, (num_full, per_page)))
+        head = num_full * per_page  # rows on full pages
+        _put(slots, matrices, lambda m: m[..., :head, :].unflatten(-2, (num_full, per_page)))
         pages[:, :, used:].zero_()
         if rem:
             last = dst[:, first + num_full]  # [L, page_size]
-            for layer, matrix in enumerate(matrices):
-                last[layer, : rem * row_len].view(rem, row_len).copy_(matrix[num_full * per_page :])
+            target = last[:, : rem * row_len].unflatten(1, (rem, row_len))  # [L, rem, row_len]
+            _put(target, matrices, lambda m: m[..., head:, :])
             last[:, rem * row_len :].zero_()
         return
     # A row longer than a page: pages_per_row pages of its own, the last one part-filled.
@@ -130,17 +157,33 @@ def _place(dst: torch.Tensor, first: int, matrices: list[torch.Tensor], page_siz
     num_whole, rem = divmod(row_len, page_size)
     # [L, rows, segments, page_size]
     pages = dst[:, first : first + rows * segments].unflatten(1, (rows, segments))
-    for layer, matrix in enumerate(matrices):
-        pages[layer, :, :num_whole].copy_(
-            matrix[:, : num_whole * page_size].unflatten(1, (num_whole, page_size))
-        )
-        if rem:
-            pages[layer, :, num_whole, :rem].copy_(matrix[:, num_whole * page_size :])
+    _put(pages[:, :, :num_whole], matrices,
+         lambda m: m[..., : num_whole * page_size].unflatten(-1, (num_whole, page_size)))  # fmt: skip
     if rem:
+        _put(pages[:, :, num_whole, :rem], matrices, lambda m: m[..., num_whole * page_size :])
         pages[:, :, num_whole, rem:].zero_()
 
 
-def pack_adapter(
+def _place_flat(
+    dst: torch.Tensor, first: int, num_pages: int, flats: Sequence[torch.Tensor], page_size: int
+) -> None:
+    """Write layer l's 1-D `flats[l]` over dst[l]'s pages [first, first + num_pages), page after
+    page, and zero the rest of those pages."""
+    num_full, rem = divmod(flats[0].numel(), page_size)
+    region = dst[:, first : first + num_pages]  # [L, num_pages, page_size]
+    head = num_full * page_size  # elements on full pages
+    _put(region[:, :num_full], flats, lambda f: f[:head].unflatten(0, (num_full, page_size)))
+    if rem:
+        _put(region[:, num_full, :rem], flats, lambda f: f[head:])
+        region[:, num_full, rem:].zero_()
+    region[:, num_full + (rem > 0) :].zero_()
+
+
+def _b_pages(layout: AdapterPageLayout, i: int, page_size: int) -> int:
+    return matrix_pages(layout.rank, layout.out_dims[i], page_size)
+
+
+def stage_adapter(
     adapter: LoRAAdapter,
     layout: AdapterPageLayout,
     num_layers: int,
@@ -148,13 +191,13 @@ def pack_adapter(
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The adapter's pages, [num_layers, layout.num_pages, page_size] in `dtype` on the CPU,
-    written into `out` when given (a run of the CPU cache's pinned pages: HostPagePool.view).
-    Unused tails of pages are zero.
+    """The adapter's staged pages (the module docstring), [num_layers, layout.num_pages,
+    page_size] in `dtype` on the CPU, written into `out` when given (a run of the CPU cache's
+    pinned pages: HostPagePool.view). Every element not holding a weight is zero.
 
     Every page belongs to exactly one matrix (plan_layout places them back to back), so
     writing each matrix and zeroing its pages' tails fills the buffer: no zero-fill first.
-    Each weight is copied once, converted to `dtype` on the way."""
+    Each weight is copied once, converted to `dtype` on the way, and never transposed."""
     shape = (num_layers, layout.num_pages, page_size)
     if out is None:
         out = torch.empty(shape, dtype=dtype)
@@ -164,5 +207,38 @@ def pack_adapter(
             continue
         pairs = [adapter.weights[(layer, module)] for layer in range(num_layers)]
         _place(out, layout.first_a[i], [a for a, _ in pairs], page_size)  # A [r, in_dim]
-        _place(out, layout.first_b[i], [b.T for _, b in pairs], page_size)  # B^T [r, out]
+        flats = [b.reshape(-1) for _, b in pairs]  # B [out_dim, r], row-major
+        _place_flat(out, layout.first_b[i], _b_pages(layout, i, page_size), flats, page_size)
     return out
+
+
+def transpose_staged_b(staged: torch.Tensor, layout: AdapterPageLayout) -> None:
+    """Turn staged pages ([num_layers, layout.num_pages, page_size], on any device) into the
+    kernels' pages in place: each B_i, flat over its pages, becomes B_i^T. All layers of a
+    slice at once: a handful of launches per slice."""
+    num_layers, _, page_size = staged.shape
+    rank = layout.rank
+    for i, first in enumerate(layout.first_b):
+        if first < 0:
+            continue
+        out_dim = layout.out_dims[i]
+        region = staged[:, first : first + _b_pages(layout, i, page_size)]
+        flat = region.reshape(num_layers, -1)[:, : out_dim * rank]  # [L, out_dim * r]
+        # [L, r, out_dim]; a copy of its own, as the pages it came from are overwritten.
+        b_t = flat.unflatten(1, (out_dim, rank)).transpose(1, 2).clone()
+        _place(staged, first, b_t, page_size)
+
+
+def pack_adapter(
+    adapter: LoRAAdapter,
+    layout: AdapterPageLayout,
+    num_layers: int,
+    page_size: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The adapter's pages as the kernels read them, [num_layers, layout.num_pages, page_size]
+    on the CPU: staged, then transposed there (tests and benchmarks; the engine transposes
+    on the device, when it uploads)."""
+    packed = stage_adapter(adapter, layout, num_layers, page_size, dtype)
+    transpose_staged_b(packed, layout)
+    return packed

@@ -10,7 +10,7 @@ import torch
 from loraplex.engine.lora.adapter import load_lora_adapter, lora_module_shapes
 from loraplex.engine.lora.adapter_loader import AdapterLoader
 from loraplex.engine.lora.host_pages import HostPagePool
-from loraplex.engine.lora.page_layout import pack_adapter, plan_layout
+from loraplex.engine.lora.page_layout import plan_layout, stage_adapter
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.request import LoRARequest
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
@@ -35,6 +35,6 @@ def test_loads_in_one_thread_each_pack_their_own_weights(tmp_path: Path) -> None
         layout = plan_layout(
             adapter.rank, adapter.target_modules, lora_module_shapes(arch), PAGE_SIZE
         )
-        expected = pack_adapter(adapter, layout, arch.num_hidden_layers, PAGE_SIZE, torch.float32)
+        expected = stage_adapter(adapter, layout, arch.num_hidden_layers, PAGE_SIZE, torch.float32)
         assert torch.equal(cpu.packed, expected) and cpu.host_run is not None
     loader.shutdown()

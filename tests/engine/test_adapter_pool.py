@@ -8,7 +8,7 @@ import torch
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.lora.adapter_loader import CpuAdapter
 from loraplex.engine.lora.adapter_pool import AdapterPool
-from loraplex.engine.lora.page_layout import SLICES, pack_adapter, plan_layout
+from loraplex.engine.lora.page_layout import SLICES, pack_adapter, plan_layout, stage_adapter
 from loraplex.engine.request import Request, SamplingParams
 from tests.engine.lora_units import ARCH, SHAPES, make_adapter
 
@@ -18,7 +18,7 @@ PAGE_SIZE = 96
 def cpu_adapter(rank: int, modules: tuple[str, ...], seed: int) -> CpuAdapter:
     adapter = make_adapter(rank, modules, seed)
     layout = plan_layout(rank, modules, SHAPES, PAGE_SIZE)
-    packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32)
+    packed = stage_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32)
     return CpuAdapter(adapter.content_hash, layout, packed, adapter.scaling, 0.0)
 
 
@@ -51,7 +51,11 @@ def test_upload_writes_pages_and_tables() -> None:
     assert pool.first_a[v, rid] == cpu.layout.first_a[v]
     assert pool.first_b[q, rid] == cpu.layout.first_b[q]
     assert float(pool.scalings[rid]) == cpu.scaling
-    assert torch.equal(pool.pages[:, block_ids], cpu.packed)
+    # The upload transposed each B on the device; the CPU cache's staged copy is unchanged.
+    adapter = make_adapter(*QV4, seed=0)
+    expected = pack_adapter(adapter, cpu.layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32)
+    assert torch.equal(pool.pages[:, block_ids], expected)
+    assert torch.equal(cpu.packed, cpu_adapter(*QV4, seed=0).packed)
     pool.check_integrity()
     kv.check_integrity()
 

@@ -13,7 +13,7 @@ from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.lora.adapter_loader import CpuAdapter
 from loraplex.engine.lora.adapter_pool import AdapterPool
 from loraplex.engine.lora.host_pages import HostPagePool, HostRun
-from loraplex.engine.lora.page_layout import pack_adapter, plan_layout
+from loraplex.engine.lora.page_layout import pack_adapter, plan_layout, stage_adapter
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from tests.engine.engine_driver import make_llm, run_to_completion
 from tests.engine.lora_adapters import write_peft_adapter
@@ -75,22 +75,24 @@ def test_freeing_a_run_twice_is_caught() -> None:
 
 
 def test_an_adapter_packed_into_a_run_uploads_the_same_pages() -> None:
-    """A run is page-major in the slab; its view packs and uploads like a buffer of its own."""
+    """A run is page-major in the slab; its view stages and uploads like a buffer of its own."""
     adapter = make_adapter(4, ("q_proj", "v_proj", "down_proj"), seed=2)
     layout = plan_layout(4, adapter.target_modules, SHAPES, PAGE_SIZE)
-    own = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32)
+    own = stage_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32)
+    kernel_pages = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32)
     pages = make_host_pages(layout.num_pages + 3)
     pages.slab.fill_(float("nan"))  # whatever the slab held before
     assert pages.allocate(3) is not None  # the adapter's run does not start at page 0
     run = pages.allocate(layout.num_pages)
     assert run is not None
     view = pages.view(run)
-    packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32, view)
+    packed = stage_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32, view)
     assert packed.data_ptr() == view.data_ptr() and torch.equal(packed, own)
     pool, kv = make_pool(num_blocks=12)
     pool.upload(CpuAdapter(adapter.content_hash, layout, packed, adapter.scaling, 0.0), keep=())
     block_ids = [b.block_id for b in kv.adapter_blocks[adapter.content_hash]]
-    assert torch.equal(pool.pages[:, block_ids], own)
+    assert torch.equal(pool.pages[:, block_ids], kernel_pages)
+    assert torch.equal(packed, own)  # the upload transposed a copy: the run is still staged
     pool.check_integrity()
 
 
@@ -134,9 +136,10 @@ def test_on_cuda_the_slab_is_pinned_and_an_upload_from_a_run_is_exact() -> None:
     assert pages.slab.is_pinned()
     run = pages.allocate(layout.num_pages)
     assert run is not None
-    packed = pack_adapter(
+    packed = stage_adapter(
         adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32, pages.view(run)
     )
+    kernel_pages = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32)
     kv_pages = torch.full((ARCH.num_hidden_layers, 40, PAGE_SIZE), float("nan"), device="cuda")
     kv = KVCacheManager(40, block_size=4)
     pool = AdapterPool(kv, kv_pages, max_resident=3, max_pages=layout.num_pages)
@@ -146,6 +149,6 @@ def test_on_cuda_the_slab_is_pinned_and_an_upload_from_a_run_is_exact() -> None:
     torch.cuda.synchronize()
     assert pool.is_ready(adapter.content_hash)
     block_ids = [b.block_id for b in kv.adapter_blocks[adapter.content_hash]]
-    assert torch.equal(kv_pages[:, block_ids].cpu(), packed)
+    assert torch.equal(kv_pages[:, block_ids].cpu(), kernel_pages)
     assert pages.num_free_pages == num_pages
     pages.check_integrity()

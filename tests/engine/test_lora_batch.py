@@ -16,7 +16,7 @@ from loraplex.engine.lora.adapter import LoRAAdapter
 from loraplex.engine.lora.adapter_loader import CpuAdapter
 from loraplex.engine.lora.adapter_pool import AdapterPool
 from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
-from loraplex.engine.lora.page_layout import SLICES, pack_adapter, plan_layout
+from loraplex.engine.lora.page_layout import SLICES, plan_layout, stage_adapter
 from loraplex.kernels import build_lora_mapping
 from tests.engine.lora_units import ARCH, SHAPES, make_adapter
 
@@ -65,7 +65,7 @@ def load_adapters(
         rank, modules = ADAPTER_SETS[adapter_set].get(rid, (1, ("q_proj",)))
         adapter = make_adapter(rank, modules, seed=rid)
         layout = plan_layout(rank, modules, SHAPES, PAGE_SIZE)
-        packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32)
+        packed = stage_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, torch.float32)
         assert pool.upload(CpuAdapter(adapter.content_hash, layout, packed, adapter.scaling, 0), ())
         assert pool.resident_id(adapter.content_hash) == rid
         if rid in ADAPTER_SETS[adapter_set]:

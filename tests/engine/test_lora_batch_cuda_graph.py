@@ -32,7 +32,7 @@ from loraplex.engine.lora.adapter_loader import CpuAdapter
 from loraplex.engine.lora.adapter_pool import AdapterPool
 from loraplex.engine.lora.lora_batch import LoRABatch
 from loraplex.engine.lora.lora_manager import LoRAManager
-from loraplex.engine.lora.page_layout import SLICES, pack_adapter, plan_layout
+from loraplex.engine.lora.page_layout import SLICES, plan_layout, stage_adapter
 from loraplex.kernels import build_lora_mapping
 from tests.kernels.llama3_shapes import GPU_DTYPES, ROUNDED, Tolerance, assert_close
 
@@ -92,10 +92,10 @@ def random_adapter(rank: int, target_modules: tuple[str, ...], seed: int) -> LoR
 
 
 def upload(pool: AdapterPool, adapter: LoRAAdapter, dtype: torch.dtype) -> CpuAdapter:
-    """Start the adapter's upload (packed as AdapterLoader packs it: pinned, the model's dtype);
-    returns the packed adapter, which the caller keeps alive as LoRAManager's CPU cache does."""
+    """Start the adapter's upload (staged as AdapterLoader stages it: pinned, the model's
+    dtype); returns the staged adapter, which the caller keeps alive as LoRAManager's CPU cache does."""
     layout = plan_layout(adapter.rank, adapter.target_modules, SHAPES, PAGE_SIZE)
-    packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, dtype)
+    packed = stage_adapter(adapter, layout, ARCH.num_hidden_layers, PAGE_SIZE, dtype)
     if pool.device.type == "cuda":
         packed = packed.pin_memory()
     cpu = CpuAdapter(adapter.content_hash, layout, packed, adapter.scaling, 0.0)

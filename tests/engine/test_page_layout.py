@@ -16,6 +16,8 @@ from loraplex.engine.lora.page_layout import (
     pages_per_row,
     plan_layout,
     rows_per_page,
+    stage_adapter,
+    transpose_staged_b,
 )
 from loraplex.kernels.reference.lora import gather_matrix
 from tests.engine.lora_units import ARCH, SHAPES, make_adapter
@@ -99,3 +101,28 @@ def test_pack_follows_the_formula_and_zeroes_every_unused_element(
     del del_me
     packed = pack_adapter(adapter, layout, ARCH.num_hidden_layers, page_size, dtype)
     assert torch.equal(packed, expected_pages(adapter, page_size, dtype))
+
+
+@pytest.mark.parametrize("page_size", [96, 40, 16])
+def test_staged_pages_hold_each_b_flat_until_transposed_in_place(page_size: int) -> None:
+    adapter = make_adapter(3, ("q_proj", "v_proj", "up_proj", "down_proj"), seed=5)
+    layout = plan_layout(3, adapter.target_modules, SHAPES, page_size)
+    num_layers = ARCH.num_hidden_layers
+    out = torch.full((num_layers, layout.num_pages, page_size), float("nan"))
+    staged = stage_adapter(adapter, layout, num_layers, page_size, torch.float32, out=out)
+    assert staged.data_ptr() == out.data_ptr()
+    kernel_pages = expected_pages(adapter, page_size, torch.float32)
+    for i, module in enumerate(SLICES):
+        if module not in adapter.target_modules:
+            continue
+        first_a, first_b = layout.first_a[i], layout.first_b[i]
+        # A as the kernels read it; B as stored, page after page, then zeros.
+        assert torch.equal(staged[:, first_a:first_b], kernel_pages[:, first_a:first_b])
+        num_b_pages = matrix_pages(3, SHAPES[module][1], page_size)
+        region = staged[:, first_b : first_b + num_b_pages].reshape(num_layers, -1)
+        for layer in range(num_layers):
+            b = adapter.weights[(layer, module)][1].reshape(-1)
+            assert torch.equal(region[layer, : b.numel()], b)
+            assert not region[layer, b.numel() :].any()
+    transpose_staged_b(staged, layout)
+    assert torch.equal(staged, kernel_pages)
