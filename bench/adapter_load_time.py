@@ -1,9 +1,11 @@
 """Disk -> staged CPU pages time of one never-seen adapter (issue 11's cold-load cost).
 
 Builds a Llama-3-8B-shaped adapter (rank 16, all 7 projections, bf16: 84 MB) and times
-`AdapterLoader.load` with a content hash given, as the platform loads it: the median of
-`--repeats` loads, and the median of each stage on its own (read, header + tensor index,
-NaN/Inf check, stage). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
+`AdapterLoader.load` with a content hash given, as the platform loads it (the file, in the
+model's dtype, read straight into its pages: engine/lora/staged_read.py): the median of
+`--repeats` loads; beside it the buffered load (into a read buffer, then staged from it), and
+the median of each of its stages on its own (read, header + tensor index, NaN/Inf check,
+stage). Pages of 32768 elements (Llama-3-8B's KV block: 2 * 16 * 8 * 128),
 staged into the CPU cache's pages (HostPagePool, pinned on CUDA hosts). The file stays in the
 page cache: this is the CPU's part of a load. Beside it, in the same run: the CPU time of the
 kernels' layout made on the host (`pack_adapter`: B transposed there, as loads did before),
@@ -28,7 +30,7 @@ from workload import LORA_MODULES, SHAPES, write_random_adapter
 from loraplex.engine.lora import adapter as adapter_module
 from loraplex.engine.lora.adapter import LoRAAdapter
 from loraplex.engine.lora.adapter_config import parse_adapter_config
-from loraplex.engine.lora.adapter_loader import AdapterLoader
+from loraplex.engine.lora.adapter_loader import AdapterLoader, CpuAdapter
 from loraplex.engine.lora.host_pages import HostPagePool
 from loraplex.engine.lora.page_layout import (
     AdapterPageLayout,
@@ -127,16 +129,18 @@ def main() -> None:
     loader = AdapterLoader(arch, MAX_LORA_RANK, PAGE_SIZE, torch.bfloat16, host_pages=pool)
     request = LoRARequest("bench", 1, str(path), content_hash="0" * 64)
 
-    def load() -> None:
-        run = loader.load(request).host_run
+    def load(read: Callable[[LoRARequest], CpuAdapter]) -> None:
+        run = read(request).host_run
         assert run is not None, "staged into the CPU cache's pages"
         pool.free(run)
 
-    load()  # warm-up: imports, allocator
+    load(loader.load)  # warm-up: imports, allocator
+    load(loader._load_and_stage)
     result = {
         "adapter_mb": round(sum(f.stat().st_size for f in path.iterdir()) / 1e6, 1),
         "pinned": pin,
-        "load_ms": median_ms(load, args.repeats),
+        "load_ms": median_ms(lambda: load(loader.load), args.repeats),
+        "buffered_load_ms": median_ms(lambda: load(loader._load_and_stage), args.repeats),
         **{f"{k}_ms": v for k, v in stage_ms(path, arch, pool, args.repeats).items()},
     }
     if pin:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 import torch
 
@@ -26,12 +27,20 @@ from loraplex.engine.lora.adapter_config import (
     parse_adapter_config,
 )
 from loraplex.engine.lora.safetensors_header import (
+    MAX_HEADER_BYTES,
     TensorInfo,
     data_section_start,
     parse_safetensors_header,
 )
 
-__all__ = ["ArchLike", "LoRAAdapter", "load_lora_adapter", "lora_module_shapes"]
+__all__ = [
+    "AdapterFileHeader",
+    "ArchLike",
+    "LoRAAdapter",
+    "load_lora_adapter",
+    "lora_module_shapes",
+    "read_adapter_header",
+]
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -119,7 +128,7 @@ def _read_weights(file: Path, buffer_for: ReadBuffer | None = None) -> torch.Ten
     return data[: num_read + len(rest)]  # shorter if it shrank
 
 
-def _read_files(path: Path, buffer_for: ReadBuffer | None = None) -> tuple[bytes, torch.Tensor]:
+def _check_directory(path: Path) -> None:
     if not path.is_dir():
         raise InvalidAdapterError("adapter path is not a directory")
     pickles = sorted(p.name for p in path.iterdir() if p.name.lower().endswith(PICKLE_SUFFIXES))
@@ -131,7 +140,59 @@ def _read_files(path: Path, buffer_for: ReadBuffer | None = None) -> tuple[bytes
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / name).is_file():  # also refuses FIFOs and devices, which could block
             raise InvalidAdapterError(f"adapter directory is missing {name}")
+
+
+def _read_files(path: Path, buffer_for: ReadBuffer | None = None) -> tuple[bytes, torch.Tensor]:
+    _check_directory(path)
     return (path / CONFIG_FILE).read_bytes(), _read_weights(path / WEIGHTS_FILE, buffer_for)
+
+
+@dataclass(frozen=True)
+class AdapterFileHeader:
+    """An adapter directory's config and weights header, validated; the weights not read yet
+    (engine/lora/staged_read.py reads them straight into their pages)."""
+
+    config: LoRAAdapterConfig
+    tensors: dict[str, TensorInfo]
+    index: dict[tuple[int, str, str], str]  # (layer_idx, module, "A" | "B") -> tensor name
+    weights_file: Path
+    data_start: int  # where the data section begins in the weights file
+    file_id: tuple[int, int, int]  # (inode, size, mtime_ns) when the header was read
+    size_bytes: int  # adapter_config.json + adapter_model.safetensors on disk
+
+
+def file_id(f: BinaryIO) -> tuple[int, int, int]:
+    """Which file, as it is now: a file replaced or rewritten since differs."""
+    st = os.fstat(f.fileno())
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def read_adapter_header(path: str | Path, arch: ArchLike, max_lora_rank: int) -> AdapterFileHeader:
+    """Read and validate everything about an adapter but its weights' values: the checks of
+    `load_lora_adapter` short of the NaN/Inf test, which needs the data."""
+    path = Path(path)
+    _check_directory(path)
+    config_bytes = (path / CONFIG_FILE).read_bytes()
+    config = parse_adapter_config(config_bytes, max_lora_rank)
+    weights_file = path / WEIGHTS_FILE
+    with weights_file.open("rb", buffering=0) as f:
+        identity = file_id(f)
+        prefix = f.read(8)
+        if len(prefix) == 8:
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len <= min(MAX_HEADER_BYTES, identity[1] - 8):  # else the parse says why
+                prefix += f.read(header_len)
+    tensors = parse_safetensors_header(prefix, identity[1])
+    index = _index_tensors(tensors, config, arch)
+    return AdapterFileHeader(
+        config,
+        tensors,
+        index,
+        weights_file,
+        data_section_start(prefix),
+        identity,
+        len(config_bytes) + identity[1],
+    )
 
 
 def _shape_message(
@@ -211,7 +272,7 @@ def _content_hash(config: LoRAAdapterConfig, weights_bytes: memoryview) -> str:
     return h.hexdigest()
 
 
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 # Exponent bits of each float dtype: all set means Inf or NaN. Testing them on the integer view
 # is one cheap pass; torch.isfinite on CPU bf16 is orders of magnitude slower.
 _EXPONENT_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
@@ -238,9 +299,9 @@ def _view(data: torch.Tensor, begin: int, end: int, dtype: str) -> torch.Tensor:
     aligned to the dtype (our writers align them; a copy then)."""
     assert sys.byteorder == "little"  # safetensors is little-endian, and so is every host we run
     raw = data[begin:end]
-    if begin % _DTYPES[dtype].itemsize:
+    if begin % DTYPES[dtype].itemsize:
         raw = raw.clone()
-    return raw.view(_DTYPES[dtype])
+    return raw.view(DTYPES[dtype])
 
 
 def _tensor_views(

@@ -2,9 +2,12 @@
 
 A load reads and validates the PEFT directory (engine/lora/adapter.py), then stages its weights
 in the pages they will take on the GPU (engine/lora/page_layout.py: B untransposed, the upload
-transposes it), in the model's dtype, straight into a run of the CPU cache's pages (engine/lora/host_pages.py: pinned once at
-start, so a load makes no CUDA call and its upload is asynchronous). When no run is free, the
-adapter is packed into memory of its own (pageable: correct, but its upload waits for the host).
+transposes it), in the model's dtype, into a run of the CPU cache's pages (engine/lora/
+host_pages.py: pinned once at start, so a load makes no CUDA call and its upload is
+asynchronous). A file in the model's dtype, of an adapter whose content hash is known, is read
+into those pages directly (engine/lora/staged_read.py); any other through a read buffer, then
+staged from it. When no run is free, the adapter is staged into memory of its own (pageable:
+correct, but its upload waits for the host).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -21,13 +24,16 @@ from loraplex.engine.distributed.lora_sharding import shard_adapter, shard_modul
 from loraplex.engine.distributed.sharding import TPLayout
 from loraplex.engine.errors import InvalidAdapterError
 from loraplex.engine.lora.adapter import (
+    DTYPES,
     ArchLike,
     has_non_finite,
     load_lora_adapter,
     lora_module_shapes,
+    read_adapter_header,
 )
 from loraplex.engine.lora.host_pages import HostPagePool, HostRun
 from loraplex.engine.lora.page_layout import AdapterPageLayout, plan_layout, stage_adapter
+from loraplex.engine.lora.staged_read import read_staged
 from loraplex.engine.request import LoRARequest
 
 # Disk reads and packing overlap each other and the engine's steps (torch ops and file reads
@@ -81,6 +87,51 @@ class AdapterLoader:
     def load(self, lora_request: LoRARequest) -> CpuAdapter:
         """Load now, in the calling thread."""
         start = time.perf_counter()
+        cpu = (
+            self._read_into_pages(lora_request) if self._can_read_into_pages(lora_request) else None
+        )
+        if cpu is None:
+            cpu = self._load_and_stage(lora_request)
+        return replace(cpu, load_seconds=time.perf_counter() - start)
+
+    def _can_read_into_pages(self, lora_request: LoRARequest) -> bool:
+        # Reading into pages skips hashing (the hash must be known) and sharding.
+        return (
+            lora_request.content_hash is not None
+            and self.host_pages is not None
+            and not self.tp_layouts
+        )
+
+    def _read_into_pages(self, lora_request: LoRARequest) -> CpuAdapter | None:
+        """The file read straight into a run of the CPU cache's pages (staged_read.py), when
+        it stores the model's dtype and a run is free. None: load it with `_load_and_stage`
+        (which also names the tensor when this finds a NaN or an Inf)."""
+        pool = self.host_pages
+        assert pool is not None and lora_request.content_hash is not None
+        header = read_adapter_header(lora_request.lora_path, self.arch, self.max_lora_rank)
+        if any(DTYPES[t.dtype] != self.dtype for t in header.tensors.values()):
+            return None  # converted on the way: staged from a buffer
+        config = header.config
+        layout = plan_layout(config.rank, config.target_modules, self.module_shapes, self.page_size)
+        run = pool.allocate(layout.num_pages)
+        if run is None:
+            return None
+        try:
+            read_staged(header, layout, pool.run_pages(run))
+            is_finite = not has_non_finite(pool.run_pages(run))
+        except BaseException:
+            pool.free(run)
+            raise
+        if not is_finite:
+            pool.free(run)
+            return None
+        return CpuAdapter(
+            lora_request.content_hash, layout, pool.view(run), config.scaling, 0.0, (), run
+        )
+
+    def _load_and_stage(self, lora_request: LoRARequest) -> CpuAdapter:
+        """Read the whole file into this thread's buffer, check it, then stage it (converted
+        to the model's dtype, sharded under tensor parallelism)."""
         adapter = load_lora_adapter(
             lora_request.lora_path,
             self.arch,
@@ -111,13 +162,12 @@ class AdapterLoader:
             if pool is not None and run is not None:
                 pool.free(run)
             raise
-        seconds = time.perf_counter() - start
         return CpuAdapter(
             adapter.content_hash,
             layout,
             packed[0],
             adapter.scaling,
-            seconds,
+            0.0,
             tuple(packed[1:]),
             run,
         )

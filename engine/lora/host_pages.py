@@ -78,8 +78,12 @@ class HostPagePool:
         return None
 
     def view(self, run: HostRun) -> torch.Tensor:
-        """[num_layers, run.num_pages, page_size]: the run as a packed adapter."""
-        return self.slab[run.start : run.start + run.num_pages].transpose(0, 1)
+        """[num_layers, run.num_pages, page_size]: the run as a staged adapter."""
+        return self.run_pages(run).transpose(0, 1)
+
+    def run_pages(self, run: HostRun) -> torch.Tensor:
+        """[run.num_pages, num_layers, page_size], contiguous: the run as it lies in memory."""
+        return self.slab[run.start : run.start + run.num_pages]
 
     def free(self, run: HostRun, after: torch.cuda.Event | None = None) -> None:
         """Give the run back, once `after` (an upload that reads it) has completed."""

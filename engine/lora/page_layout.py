@@ -73,6 +73,23 @@ def matrix_pages(rows: int, row_len: int, page_size: int) -> int:
     return cdiv(rows, rows_per_page(row_len, page_size)) * pages_per_row(row_len, page_size)
 
 
+def page_chunks(rows: int, row_len: int, page_size: int) -> list[tuple[int, int]]:
+    """A [rows, row_len] matrix's elements in order, as (page within the matrix, elements from
+    that page's start): each a contiguous run of the matrix's row-major elements."""
+    if row_len <= page_size:
+        per_page = rows_per_page(row_len, page_size)
+        return [
+            (page, min(per_page, rows - page * per_page) * row_len)
+            for page in range(cdiv(rows, per_page))
+        ]
+    segments = pages_per_row(row_len, page_size)
+    return [
+        (j * segments + s, min(page_size, row_len - s * page_size))
+        for j in range(rows)
+        for s in range(segments)
+    ]
+
+
 @dataclass(frozen=True)
 class AdapterPageLayout:
     """An adapter's matrices in its page list: first pages per slice (-1: not targeted)."""
@@ -191,7 +208,8 @@ def stage_adapter(
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The adapter's staged pages (the module docstring), [num_layers, layout.num_pages,
+    """The adapter's staged pages (the module docstring: B_i is stored as a single row,
+    page_chunks(1, out_dim * r)), [num_layers, layout.num_pages,
     page_size] in `dtype` on the CPU, written into `out` when given (a run of the CPU cache's
     pinned pages: HostPagePool.view). Every element not holding a weight is zero.
 

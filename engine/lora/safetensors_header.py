@@ -127,18 +127,22 @@ def data_section_start(data: bytes | memoryview) -> int:
     return 8 + int(header_len)
 
 
-def parse_safetensors_header(data: bytes | memoryview) -> dict[str, TensorInfo]:
-    """Validate the whole safetensors file `data`; return its tensors by name."""
-    if len(data) < 8:
+def parse_safetensors_header(
+    data: bytes | memoryview, file_size: int | None = None
+) -> dict[str, TensorInfo]:
+    """Validate the safetensors file `data`; return its tensors by name. With `file_size`,
+    `data` may be the file's first bytes only (the 8-byte length and the header)."""
+    file_size = len(data) if file_size is None else file_size
+    if file_size < 8 or len(data) < 8:
         raise InvalidAdapterError("safetensors file is truncated: shorter than its 8-byte header")
     (header_len,) = struct.unpack("<Q", data[:8])
     if header_len > MAX_HEADER_BYTES:
         raise InvalidAdapterError(
             f"safetensors header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit"
         )
-    if header_len > len(data) - 8:
+    if header_len > file_size - 8 or header_len > len(data) - 8:
         raise InvalidAdapterError(
-            f"safetensors header length {header_len} exceeds the file size ({len(data)} bytes); "
+            f"safetensors header length {header_len} exceeds the file size ({file_size} bytes); "
             "the file is truncated or corrupt"
         )
     header = loads_strict_json(bytes(data[8 : 8 + header_len]), "safetensors header")
@@ -147,7 +151,7 @@ def parse_safetensors_header(data: bytes | memoryview) -> dict[str, TensorInfo]:
     metadata = header.pop(_METADATA_KEY, {})
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise InvalidAdapterError("safetensors __metadata__ must map strings to strings")
-    data_size = len(data) - 8 - header_len
+    data_size = file_size - 8 - header_len
     tensors = [_parse_entry(name, entry, data_size) for name, entry in header.items()]
     _check_layout(tensors, data_size)
     return {t.name: t for t in tensors}
