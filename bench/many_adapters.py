@@ -215,6 +215,11 @@ def load_jitter(engine: LLMEngine, resident: LoRARequest, new: LoRARequest, prom
         "decode_step_median_ms": 1000 * median,
         "steps_while_loading": len(steps_during),
         "max_step_delay_while_loading_ms": 1000 * (max(steps_during, default=median) - median),
+        "step_delays_while_loading_ms": [round(1000 * (t - median), 2) for t in steps_during],
+        "step_spread_before_ms": [
+            round(1000 * (min(steps_before) - median), 2),
+            round(1000 * (max(steps_before) - median), 2),
+        ],
     }
 
 

@@ -33,7 +33,8 @@ def read_staged(header: AdapterFileHeader, layout: AdapterPageLayout, pages: tor
     itemsize = pages.element_size()
     raw = pages.view(torch.uint8).numpy()  # [P, L, page_size * itemsize], shares memory
     filled = [0] * num_pages  # elements read into each page (the same in every layer)
-    reads: list[tuple[int, list[memoryview]]] = []  # (file offset, the pieces' buffers)
+    # (file offset, layer, first page, the pieces) of every tensor
+    reads: list[tuple[int, int, int, list[tuple[int, int]]]] = []
     for i, module in enumerate(SLICES):
         if layout.first_a[i] < 0:
             continue
@@ -48,15 +49,15 @@ def read_staged(header: AdapterFileHeader, layout: AdapterPageLayout, pages: tor
             for layer in range(num_layers):
                 tensor = header.tensors[header.index[(layer, module, side)]]
                 assert pages.dtype == DTYPES[tensor.dtype], "read only in the file's dtype"
-                buffers = [
-                    raw[first + page, layer, : count * itemsize].data for page, count in chunks
-                ]
-                reads.append((header.data_start + tensor.begin, buffers))
+                reads.append((header.data_start + tensor.begin, layer, first, chunks))
     reads.sort(key=lambda read: read[0])  # the file front to back
     with header.weights_file.open("rb", buffering=0) as f:
         if file_id(f) != header.file_id:
             raise InvalidAdapterError("adapter file changed while it was being loaded")
-        for offset, buffers in reads:
+        # Each tensor's buffers are made just before its read: the engine's thread waits for
+        # the interpreter while this one runs Python, so no long stretch of it at once.
+        for offset, layer, first, chunks in reads:
+            buffers = [raw[first + page, layer, : count * itemsize].data for page, count in chunks]
             _preadv_all(f.fileno(), buffers, offset)
     for page, count in enumerate(filled):
         if count < page_size:
