@@ -235,10 +235,13 @@ class LLMEngine:
             time.sleep(EMPTY_STEP_WAIT_S)
             self.step_seconds -= time.perf_counter() - waited  # waiting is not step time
         try:
-            lora = None
+            lora, start_loads = None, None
             if self.lora_manager is not None:
                 lora = self.lora_manager.prepare(scheduler_output.scheduled)
-            runner_output = self.runner.execute(scheduler_output, lora)
+                start_loads = self.lora_manager.start_loads
+            runner_output = self.runner.execute(scheduler_output, lora, start_loads)
+            if start_loads is not None:
+                start_loads()  # a step that ran no forward
         except EngineDeadError as exc:
             return failed_loads + self._stop(exc)
         except Exception:

@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -164,16 +165,22 @@ class TensorParallelRunner(ModelRunner):
 
     @torch.inference_mode()
     def execute(
-        self, scheduler_output: SchedulerOutput, lora: LoRABatch | None = None
+        self,
+        scheduler_output: SchedulerOutput,
+        lora: LoRABatch | None = None,
+        while_gpu_runs: Callable[[], None] | None = None,
     ) -> ModelRunnerOutput:
         """One message to each worker, then rank 0's share of the step, then sampling."""
         try:
-            return self._execute(scheduler_output, lora)
+            return self._execute(scheduler_output, lora, while_gpu_runs)
         except Exception as exc:
             raise self._failure(exc) from exc
 
     def _execute(
-        self, scheduler_output: SchedulerOutput, lora: LoRABatch | None
+        self,
+        scheduler_output: SchedulerOutput,
+        lora: LoRABatch | None,
+        while_gpu_runs: Callable[[], None] | None,
     ) -> ModelRunnerOutput:
         self._check_alive()
         for request_id in scheduler_output.finished_request_ids:
@@ -194,6 +201,8 @@ class TensorParallelRunner(ModelRunner):
             return ModelRunnerOutput()
         inputs = w.to_device(inputs, self.device)
         logits = self.forward(inputs, lora)
+        if while_gpu_runs is not None:
+            while_gpu_runs()
         return ModelRunnerOutput() if logits is None else self._sample(logits, inputs)
 
     def _take_uploads(self) -> list[list[ShardUpload]]:

@@ -9,7 +9,10 @@ id with new files gets new weights and new prefix-cache keys (vLLM #42125, #4772
     GPU          pages in the KV cache's blocks (AdapterPool): as many as memory allows
 
 Each step `poll(waiting)` moves loads along without ever blocking: finished disk reads enter the
-CPU cache, and the adapters of waiting requests, in queue order, start their uploads. The
+CPU cache, and the adapters of waiting requests, in queue order, start their uploads. Disk reads
+it asks for start in `start_loads`, which the engine calls while the GPU runs the step: a load
+begins with Python work (the file's header) that would otherwise take the interpreter from the
+step's own host work. The
 scheduler admits a request only once its adapter is ready on the GPU (`is_ready`), and pins the
 adapter while the request is scheduled (`on_scheduled` / `on_descheduled`). A load that fails
 fails only the requests waiting for that adapter (`poll` returns it).
@@ -96,6 +99,7 @@ class LoRAManager:
         self._inflight: Counter[str] = Counter()  # requests queued or running, per hash
         self._cpu: OrderedDict[str, CpuAdapter] = OrderedDict()  # LRU
         self._loading: dict[str, Future[CpuAdapter]] = {}
+        self._to_load: list[str] = []  # disk reads `poll` asked for, started by `start_loads`
         self._uploading: dict[str, float] = {}  # upload start (perf_counter)
         self._failed: dict[str, str] = {}  # content hash -> why its load failed
         self._modules: dict[str, frozenset[str]] = {}  # content hash -> targeted slices
@@ -177,7 +181,7 @@ class LoRAManager:
         if lora is None:
             return False
         content_hash = _hash(lora)
-        return content_hash in self._loading or content_hash in self._uploading
+        return any(content_hash in t for t in (self._to_load, self._loading, self._uploading))
 
     def on_scheduled(self, request: Request) -> None:
         """The request is running: its adapter stays on the GPU until it stops."""
@@ -312,10 +316,17 @@ class LoRAManager:
 
     # ---- internals -----------------------------------------------------------------------
 
+    def start_loads(self) -> None:
+        """Start the disk reads the last `poll` asked for (the engine calls this while the GPU
+        runs a step, and again after it: only the first call of a step starts anything)."""
+        for content_hash in self._to_load:
+            if content_hash in self._sources and content_hash not in self._loading:
+                self._loading[content_hash] = self.loader.submit(self._sources[content_hash])
+        self._to_load.clear()
+
     def _start_load(self, content_hash: str) -> None:
-        if content_hash in self._loading:
-            return
-        self._loading[content_hash] = self.loader.submit(self._sources[content_hash])
+        if content_hash not in self._loading and content_hash not in self._to_load:
+            self._to_load.append(content_hash)
 
     def _harvest_loads(self) -> None:
         for content_hash, future in list(self._loading.items()):

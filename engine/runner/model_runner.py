@@ -8,6 +8,7 @@ shard of the weights and of the KV heads); rank 0's samples (engine/distributed/
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -193,10 +194,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, scheduler_output: SchedulerOutput, lora: LoRABatch | None = None
+        self,
+        scheduler_output: SchedulerOutput,
+        lora: LoRABatch | None = None,
+        while_gpu_runs: Callable[[], None] | None = None,
     ) -> ModelRunnerOutput:
         """Run one step: KV block copies, then the forward pass of the scheduled tokens (with
-        `lora`, this step's adapter mapping, from LoRAManager.prepare) and sampling."""
+        `lora`, this step's adapter mapping, from LoRAManager.prepare) and sampling.
+        `while_gpu_runs` is called once the forward is queued, before the host waits for it."""
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
         self.copy_blocks(scheduler_output.block_copies)
@@ -204,6 +209,8 @@ class ModelRunner:
             return ModelRunnerOutput()
         inputs = prepare_inputs(scheduler_output.scheduled, self.block_size, self.device)
         logits = self.forward(inputs, lora)
+        if while_gpu_runs is not None:
+            while_gpu_runs()
         if logits is None:
             return ModelRunnerOutput()
         return self._sample(logits, inputs)

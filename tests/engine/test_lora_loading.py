@@ -196,3 +196,40 @@ def test_waiting_for_an_adapter_load_is_not_counted_as_step_time(
     stats = engine.get_stats()
     assert stats.num_generated_tokens == PARAMS.max_tokens
     assert 0 < stats.step_seconds < wall - 0.25  # the 0.3 s load was waited for, not stepped
+
+
+def test_a_load_asked_for_in_a_step_starts_while_its_forward_runs(
+    base: Path, tmp_path: Path
+) -> None:
+    """A load begins with Python work (the file's header), so it starts once the step's forward
+    is queued and before the host waits for it (sampling), not while the host still prepares
+    the step; and within that same step."""
+    path = write_peft_adapter(base, tmp_path / "cold", 4, ["q_proj"], seed=5)
+    engine = make_llm(base).engine
+    manager = engine.lora_manager
+    events: list[str] = []
+    submit, forward, sample = manager.loader.submit, engine.runner.forward, engine.runner._sample
+
+    def record_submit(request: LoRARequest):  # type: ignore[no-untyped-def]
+        events.append("load")
+        return submit(request)
+
+    def record_forward(*args, **kwargs):  # type: ignore[no-untyped-def]
+        events.append("forward")
+        return forward(*args, **kwargs)
+
+    def record_sample(*args, **kwargs):  # type: ignore[no-untyped-def]
+        events.append("sample")
+        return sample(*args, **kwargs)
+
+    manager.loader.submit = record_submit  # type: ignore[method-assign]
+    engine.runner._sample = record_sample  # type: ignore[method-assign]
+    engine.runner.forward = record_forward  # type: ignore[method-assign]
+    engine.add_request("warm", [5, 6, 7], PARAMS)
+    engine.add_request("cold", [5, 6, 8], PARAMS, LoRARequest("c", 1, str(path), "d" * 64))
+    engine.step()  # prefills "warm"; asks for "cold"'s adapter
+    assert events == ["forward", "load", "sample"]
+    cold = next(r for r in engine.scheduler.waiting if r.request_id == "cold")
+    assert manager.is_loading(cold)
+    outs = run_to_completion(engine)
+    assert {rid: len(o.outputs[0].token_ids) for rid, o in outs.items()} == {"warm": 4, "cold": 4}

@@ -49,11 +49,11 @@ async def test_a_failing_step_fails_only_its_requests(
     execute = runner.execute
     failures: list[list[str]] = []
 
-    def fail_once(scheduler_output: Any, lora: Any) -> Any:
+    def fail_once(scheduler_output: Any, lora: Any, while_gpu_runs: Any = None) -> Any:
         if not failures:
             failures.append([s.request.request_id for s in scheduler_output.scheduled])
             raise RuntimeError("CUDA out of memory (simulated)")
-        return execute(scheduler_output, lora)
+        return execute(scheduler_output, lora, while_gpu_runs)
 
     monkeypatch.setattr(runner, "execute", fail_once)
     failed_json = await in_step[0]
