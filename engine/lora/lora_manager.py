@@ -12,9 +12,9 @@ Each step `poll(waiting)` moves loads along without ever blocking: finished disk
 CPU cache, and the adapters of waiting requests, in queue order, start their uploads. Disk reads
 it asks for start in `start_loads`, which the engine calls while the GPU runs the step: a load
 begins with Python work (the file's header) that would otherwise take the interpreter from the
-step's own host work. The
-scheduler admits a request only once its adapter is ready on the GPU (`is_ready`), and pins the
-adapter while the request is scheduled (`on_scheduled` / `on_descheduled`). A load that fails
+step's own host work. The scheduler admits a request only once its adapter is ready on the GPU
+(`is_ready`), and pins the adapter while the request is scheduled (`on_scheduled` /
+`on_descheduled`). A load that fails
 fails only the requests waiting for that adapter (`poll` returns it).
 
 Requests in flight (queued or running) hold the adapter's registration (`pin` / `unpin`):
