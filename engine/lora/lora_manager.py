@@ -4,18 +4,16 @@ Adapters are keyed internally by their content hash, never by name or id alone: 
 id with new files gets new weights and new prefix-cache keys (vLLM #42125, #47724).
 
     registered   lora_int_id -> (name, path, content hash); `add_lora` also loads it now
-    CPU cache    packed adapters, LRU (max_cpu_loras, in cpu_lora_cache_gb of pages pinned
+    CPU cache    staged adapters, LRU (max_cpu_loras, in cpu_lora_cache_gb of pages pinned
                  at start: HostPagePool), read from disk on worker threads
     GPU          pages in the KV cache's blocks (AdapterPool): as many as memory allows
 
 Each step `poll(waiting)` moves loads along without ever blocking: finished disk reads enter the
-CPU cache, and the adapters of waiting requests, in queue order, start their uploads. Disk reads
-it asks for start in `start_loads`, which the engine calls while the GPU runs the step: a load
-begins with Python work (the file's header) that would otherwise take the interpreter from the
-step's own host work. The scheduler admits a request only once its adapter is ready on the GPU
-(`is_ready`), and pins the adapter while the request is scheduled (`on_scheduled` /
-`on_descheduled`). A load that fails
-fails only the requests waiting for that adapter (`poll` returns it).
+CPU cache; the adapters of waiting requests, in queue order, start their uploads; the disk reads
+it asks for start in `start_loads`, once the GPU runs the step (a load's first Python work would
+take the interpreter from the step's host work). The scheduler admits a request only once its
+adapter is ready on the GPU (`is_ready`) and pins the adapter while the request is scheduled
+(`on_scheduled` / `on_descheduled`). A failed load fails only its requests (`poll` returns it).
 
 Requests in flight (queued or running) hold the adapter's registration (`pin` / `unpin`):
 `remove_lora` unregisters the id at once (new requests fail) and lets them finish on its weights.
@@ -178,10 +176,8 @@ class LoRAManager:
     def is_loading(self, request: Request) -> bool:
         """Its adapter is being read from disk or copied to the GPU right now."""
         lora = request.lora_request
-        if lora is None:
-            return False
-        content_hash = _hash(lora)
-        return any(content_hash in t for t in (self._to_load, self._loading, self._uploading))
+        in_flight = (self._to_load, self._loading, self._uploading)
+        return lora is not None and any(_hash(lora) in table for table in in_flight)
 
     def on_scheduled(self, request: Request) -> None:
         """The request is running: its adapter stays on the GPU until it stops."""
@@ -217,9 +213,8 @@ class LoRAManager:
             if content_hash in self.pool:
                 self.pool.touch(content_hash)
                 continue
-            cpu = self._cpu.get(content_hash)
-            if cpu is None:
-                self._start_load(content_hash)
+            if (cpu := self._cpu.get(content_hash)) is None:
+                self._to_load.append(content_hash)  # read from disk: start_loads
                 continue
             # Requests need a block each per step at most: leave them that much.
             if not self.pool.upload(cpu, keep=wanted[:i], reserve_blocks=num_running):
@@ -319,14 +314,10 @@ class LoRAManager:
     def start_loads(self) -> None:
         """Start the disk reads the last `poll` asked for (the engine calls this while the GPU
         runs a step, and again after it: only the first call of a step starts anything)."""
-        for content_hash in self._to_load:
+        for content_hash in dict.fromkeys(self._to_load):
             if content_hash in self._sources and content_hash not in self._loading:
                 self._loading[content_hash] = self.loader.submit(self._sources[content_hash])
         self._to_load.clear()
-
-    def _start_load(self, content_hash: str) -> None:
-        if content_hash not in self._loading and content_hash not in self._to_load:
-            self._to_load.append(content_hash)
 
     def _harvest_loads(self) -> None:
         for content_hash, future in list(self._loading.items()):
@@ -392,15 +383,11 @@ class LoRAManager:
 
     def _maybe_drop(self, content_hash: str) -> None:
         """Forget an adapter no registration and no request refers to any more."""
-        if content_hash in self._inflight:
-            return
-        if any(_hash(r) == content_hash for r in self._registered.values()):
+        registered = any(_hash(r) == content_hash for r in self._registered.values())
+        if content_hash in self._inflight or registered:
             return
         self._drop_from_cpu(content_hash)
-        tables = (
-            self._sources, self._failed, self._modules, self._uploading, self._num_pages,
-        )  # fmt: skip
-        for table in tables:
+        for table in (self._sources, self._failed, self._modules, self._uploading, self._num_pages):
             table.pop(content_hash, None)
         if content_hash in self.pool and self.pool.is_ready(content_hash):
             self.pool.evict(content_hash)  # else its upload ends and LRU evicts it later
