@@ -158,7 +158,6 @@ class AdapterFileHeader:
     weights_file: Path
     data_start: int  # where the data section begins in the weights file
     file_id: tuple[int, int, int]  # (inode, size, mtime_ns) when the header was read
-    size_bytes: int  # adapter_config.json + adapter_model.safetensors on disk
 
 
 def file_id(f: BinaryIO) -> tuple[int, int, int]:
@@ -185,13 +184,7 @@ def read_adapter_header(path: str | Path, arch: ArchLike, max_lora_rank: int) ->
     tensors = parse_safetensors_header(prefix, identity[1])
     index = _index_tensors(tensors, config, arch)
     return AdapterFileHeader(
-        config,
-        tensors,
-        index,
-        weights_file,
-        data_section_start(prefix),
-        identity,
-        len(config_bytes) + identity[1],
+        config, tensors, index, weights_file, data_section_start(prefix), identity
     )
 
 
