@@ -98,7 +98,7 @@ class AdapterPageLayout:
     first_a: tuple[int, ...]  # [NUM_SLICES] first page of A_i
     first_b: tuple[int, ...]  # [NUM_SLICES] first page of B_i^T
     num_pages: int
-    out_dims: tuple[int, ...] = (0,) * NUM_SLICES  # [NUM_SLICES] B_i's rows (0: not targeted)
+    out_dims: tuple[int, ...]  # [NUM_SLICES] B_i's rows (0: not targeted)
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -181,21 +181,6 @@ def _place(dst: torch.Tensor, first: int, matrices: Matrices, page_size: int) ->
         pages[:, :, num_whole, rem:].zero_()
 
 
-def _place_flat(
-    dst: torch.Tensor, first: int, num_pages: int, flats: Sequence[torch.Tensor], page_size: int
-) -> None:
-    """Write layer l's 1-D `flats[l]` over dst[l]'s pages [first, first + num_pages), page after
-    page, and zero the rest of those pages."""
-    num_full, rem = divmod(flats[0].numel(), page_size)
-    region = dst[:, first : first + num_pages]  # [L, num_pages, page_size]
-    head = num_full * page_size  # elements on full pages
-    _put(region[:, :num_full], flats, lambda f: f[:head].unflatten(0, (num_full, page_size)))
-    if rem:
-        _put(region[:, num_full, :rem], flats, lambda f: f[head:])
-        region[:, num_full, rem:].zero_()
-    region[:, num_full + (rem > 0) :].zero_()
-
-
 def _b_pages(layout: AdapterPageLayout, i: int, page_size: int) -> int:
     return matrix_pages(layout.rank, layout.out_dims[i], page_size)
 
@@ -208,8 +193,7 @@ def stage_adapter(
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The adapter's staged pages (the module docstring: B_i is stored as a single row,
-    page_chunks(1, out_dim * r)), [num_layers, layout.num_pages,
+    """The adapter's staged pages (the module docstring), [num_layers, layout.num_pages,
     page_size] in `dtype` on the CPU, written into `out` when given (a run of the CPU cache's
     pinned pages: HostPagePool.view). Every element not holding a weight is zero.
 
@@ -225,8 +209,13 @@ def stage_adapter(
             continue
         pairs = [adapter.weights[(layer, module)] for layer in range(num_layers)]
         _place(out, layout.first_a[i], [a for a, _ in pairs], page_size)  # A [r, in_dim]
-        flats = [b.reshape(-1) for _, b in pairs]  # B [out_dim, r], row-major
-        _place_flat(out, layout.first_b[i], _b_pages(layout, i, page_size), flats, page_size)
+        # B [out_dim, r] row-major, as one row (page_chunks(1, out_dim * r)); then zeros to the
+        # end of B^T's pages
+        _place(out, layout.first_b[i], [b.reshape(1, -1) for _, b in pairs], page_size)
+        used = matrix_pages(1, layout.out_dims[i] * layout.rank, page_size)
+        out[
+            :, layout.first_b[i] + used : layout.first_b[i] + _b_pages(layout, i, page_size)
+        ].zero_()
     return out
 
 
