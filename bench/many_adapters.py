@@ -280,6 +280,9 @@ def main() -> None:
         help="after the rounds, one more round per adapter count under torch.profiler: GPU "
         "time per kernel",
     )
+    ap.add_argument(
+        "--engine-args", default="{}", help="more LLM(...) keywords, as a JSON object"
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
@@ -307,6 +310,7 @@ def main() -> None:
         dtype=dtype,
         device=args.device,
         enable_prefix_caching=False,
+        **json.loads(args.engine_args),
     )
     workloads: dict[int, list[LoRARequest | None]] = {}
     next_id = 1

@@ -305,9 +305,13 @@ def run_rate(
 
 
 def offline_run(
-    model_dir: Path, adapters: list[Path], prompts: list[list[int]], output_len: int
+    model_dir: Path,
+    adapters: list[Path],
+    prompts: list[list[int]],
+    output_len: int,
+    engine_args: dict,
 ) -> dict:
-    llm = LLM(str(model_dir), load_format="dummy", enable_prefix_caching=False)
+    llm = LLM(str(model_dir), **engine_args)
     loras: list[LoRARequest | None] = [None]
     loras += [LoRARequest(f"a{i}", i + 1, str(p)) for i, p in enumerate(adapters)]
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
@@ -347,8 +351,16 @@ def main() -> None:
     ap.add_argument(
         "--py-spy", help="profile the API and engine processes at saturation into this folder"
     )
+    ap.add_argument(
+        "--engine-args",
+        default="{}",
+        help="more engine keywords (LLM(...)'s), as a JSON object: the server and the offline "
+        "engine both get them",
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    engine_args = {"load_format": "dummy", "enable_prefix_caching": False}
+    engine_args |= json.loads(args.engine_args)
 
     tmp = Path(tempfile.mkdtemp(prefix="loraplex-serve-"))
     model_dir = write_shape_checkpoint(args.shape, tmp / args.shape)
@@ -367,9 +379,7 @@ def main() -> None:
         "LORAPLEX_PUBLIC_METRICS": "1",  # EngineSampler reads /metrics
         "LORAPLEX_MAX_WAITING_REQUESTS": "100000",
         "LORAPLEX_MAX_WAITING_TOKENS": "1000000000",
-        "LORAPLEX_ENGINE_ARGS": json.dumps(
-            {"load_format": "dummy", "enable_prefix_caching": False}
-        ),
+        "LORAPLEX_ENGINE_ARGS": json.dumps(engine_args),
     }
     cli(env, "db", "upgrade")
     cli(env, "tenants", "create", "bench", "--rpm", "1000000", "--tpm", "1000000000",
@@ -428,7 +438,9 @@ def main() -> None:
     prompts = random_prompts(
         args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=99
     )
-    results["offline"] = offline_run(model_dir, adapters, prompts, args.output_len)
+    results["offline"] = offline_run(
+        model_dir, adapters, prompts, args.output_len, engine_args
+    )
     print(json.dumps(results["offline"]), flush=True)
     offline = results["offline_output_tok_s"] = results["offline"]["output_tok_s"]
     saturated = [r for r in results["rates"] if not math.isfinite(r["rate"])]

@@ -89,9 +89,17 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     scheduling_policy: SchedulingPolicy = "priority"
     preemption_mode: PreemptionMode = "swap"
+    # sys.setswitchinterval for the process an engine runs in: the longest the step loop waits
+    # for the interpreter while another thread (the adapter loader, the engine process's pipe
+    # threads) runs Python. CPython's default is 5 ms. None: leave the interpreter's setting.
+    switch_interval_ms: float | None = None
 
     def __post_init__(self) -> None:
         _require(self.max_num_seqs > 0, "max_num_seqs must be > 0")
+        _require(
+            self.switch_interval_ms is None or self.switch_interval_ms > 0,
+            "switch_interval_ms must be > 0 or None",
+        )
         _require(self.max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0")
         _require_choice(self.scheduling_policy, SchedulingPolicy, "scheduling_policy")
         _require_choice(self.preemption_mode, PreemptionMode, "preemption_mode")

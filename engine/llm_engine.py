@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import deque
 from dataclasses import replace
@@ -48,6 +49,8 @@ EMPTY_STEP_WAIT_S = 0.001
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        if config.scheduler.switch_interval_ms is not None:
+            sys.setswitchinterval(config.scheduler.switch_interval_ms / 1000)
         self.tokenizer = Tokenizer.from_model_dir(config.model.model)
         self.runner = (
             ModelRunner(config)

@@ -3,6 +3,7 @@ chosen by device when not given."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,17 @@ def test_keywords_reach_their_sections_and_unknown_ones_are_refused() -> None:
 def test_cuda_on_a_machine_without_it_is_a_config_error(llama_checkpoint: Path) -> None:
     with pytest.raises(ConfigError, match="no CUDA device"):
         LLM(str(llama_checkpoint), device="cuda")
+
+
+def test_an_engine_sets_the_switch_interval_it_is_given(llama_checkpoint: Path) -> None:
+    default = sys.getswitchinterval()
+    try:
+        LLM(str(llama_checkpoint), device="cpu", num_kv_blocks=8, switch_interval_ms=0.5)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        sys.setswitchinterval(0.004)
+        LLM(str(llama_checkpoint), device="cpu", num_kv_blocks=8, switch_interval_ms=None)
+        assert sys.getswitchinterval() == pytest.approx(0.004)  # None leaves it alone
+    finally:
+        sys.setswitchinterval(default)
+    with pytest.raises(ConfigError, match="switch_interval_ms"):
+        create_engine_config("m", device="cpu", switch_interval_ms=0)
