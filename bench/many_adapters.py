@@ -280,9 +280,7 @@ def main() -> None:
         help="after the rounds, one more round per adapter count under torch.profiler: GPU "
         "time per kernel",
     )
-    ap.add_argument(
-        "--engine-args", default="{}", help="more LLM(...) keywords, as a JSON object"
-    )
+    ap.add_argument("--engine-args", default="{}", help="more LLM(...) keywords, as a JSON object")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 

@@ -438,9 +438,7 @@ def main() -> None:
     prompts = random_prompts(
         args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=99
     )
-    results["offline"] = offline_run(
-        model_dir, adapters, prompts, args.output_len, engine_args
-    )
+    results["offline"] = offline_run(model_dir, adapters, prompts, args.output_len, engine_args)
     print(json.dumps(results["offline"]), flush=True)
     offline = results["offline_output_tok_s"] = results["offline"]["output_tok_s"]
     saturated = [r for r in results["rates"] if not math.isfinite(r["rate"])]
