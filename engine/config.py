@@ -89,10 +89,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     scheduling_policy: SchedulingPolicy = "priority"
     preemption_mode: PreemptionMode = "swap"
-    # sys.setswitchinterval for the process an engine runs in: the longest the step loop waits
-    # for the interpreter while another thread (the adapter loader, the engine process's pipe
-    # threads) runs Python. CPython's default is 5 ms. None: leave the interpreter's setting.
-    switch_interval_ms: float | None = None
+    # sys.setswitchinterval for the process an engine runs in: about the longest the step loop
+    # waits for the interpreter while another thread (the adapter loader, the engine process's
+    # pipe threads) runs Python. CPython's default is 5 ms, which delayed decode steps by up to
+    # 3 ms while an adapter loaded (docs/adapter_memory.md). None: leave the interpreter's.
+    switch_interval_ms: float | None = 0.5
 
     def __post_init__(self) -> None:
         _require(self.max_num_seqs > 0, "max_num_seqs must be > 0")
