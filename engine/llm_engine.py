@@ -238,13 +238,11 @@ class LLMEngine:
             time.sleep(EMPTY_STEP_WAIT_S)
             self.step_seconds -= time.perf_counter() - waited  # waiting is not step time
         try:
-            lora, start_loads = None, None
+            lora = None
             if self.lora_manager is not None:
                 lora = self.lora_manager.prepare(scheduler_output.scheduled)
-                start_loads = self.lora_manager.start_loads
-            runner_output = self.runner.execute(scheduler_output, lora, start_loads)
-            if start_loads is not None:
-                start_loads()  # a step that ran no forward
+            runner_output = self.runner.execute(scheduler_output, lora, self._while_gpu_runs)
+            self._while_gpu_runs()  # a step that ran no forward (else nothing is left to do)
         except EngineDeadError as exc:
             return failed_loads + self._stop(exc)
         except Exception:
@@ -263,6 +261,13 @@ class LLMEngine:
         self.num_steps += 1
         self.num_scheduled_tokens += sum(s.num_new_tokens for s in scheduler_output.scheduled)
         return failed_loads + outputs
+
+    def _while_gpu_runs(self) -> None:
+        """Host work that needs no result of this step, done while its forward runs: start the
+        adapter reads the step asked for, detokenize the last step's deferred outputs."""
+        if self.lora_manager is not None:
+            self.lora_manager.start_loads()
+        self.output_processor.flush()
 
     def _check_alive(self) -> None:
         if self.dead is not None:

@@ -2,6 +2,15 @@
 
 A user request with `n` completions runs as `n` engine requests ("children"); this module
 gathers them back into one `RequestOutput`.
+
+Detokenizing is most of the host's work after a step. Only two things a step decides depend on
+the text: whether a stop string ended a completion, and the text of a finished one. A user
+request that has no stop strings and none of whose completions finished this step is
+*deferred*: its new tokens are detokenized by `flush`, which the engine calls while the next
+step's forward runs on the GPU, and its output comes out with the next step's outputs.
+
+    step N:    schedule, forward(N) ─┬─ flush(): outputs of step N-1's deferred users
+                                     └─ sample, update, process(N): the others now, the rest deferred
 """
 
 from __future__ import annotations
@@ -12,6 +21,9 @@ from loraplex.engine.request import CompletionOutput, Logprob, Request, RequestO
 from loraplex.engine.tokenizer import IncrementalDetokenizer, Tokenizer, find_stop_string
 
 
+_Logprobs = tuple[Logprob, list[Logprob]]  # one token's logprob and the top ones
+
+
 @dataclass
 class _Completion:
     request: Request
@@ -19,7 +31,7 @@ class _Completion:
     text: str = ""
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    logprobs: list[tuple[Logprob, list[Logprob]]] | None = None
+    logprobs: list[_Logprobs] | None = None
 
 
 @dataclass
@@ -39,12 +51,16 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._users: dict[str, _UserRequest] = {}
         self._child_to_user: dict[str, tuple[str, int]] = {}
+        # Deferred completions whose newest token is not detokenized yet (with its logprobs),
+        # and the outputs `flush` made of them, for the next `process` to return.
+        self._pending: list[tuple[_UserRequest, _Completion, _Logprobs | None]] = []
+        self._ready: dict[str, RequestOutput] = {}
 
     def add(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
         user = _UserRequest(request_id, prompt, children[0].prompt_token_ids)
         for index, child in enumerate(children):
             detokenizer = IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids)
-            logprobs: list[tuple[Logprob, list[Logprob]]] | None = (
+            logprobs: list[_Logprobs] | None = (
                 [] if child.sampling_params.logprobs is not None else None
             )
             user.completions.append(_Completion(child, detokenizer, logprobs=logprobs))
@@ -59,24 +75,67 @@ class OutputProcessor:
         return request_id in self._users
 
     def process(
-        self, updated: list[Request], logprobs: dict[str, tuple[Logprob, list[Logprob]]]
+        self, updated: list[Request], logprobs: dict[str, _Logprobs]
     ) -> tuple[list[RequestOutput], list[str]]:
-        """Outputs for users whose completions advanced, and child ids a stop string ended."""
+        """The step's outputs: users whose completions advanced (the deferred ones of the step
+        before included), and child ids a stop string ended. `updated` each gained one token."""
+        self.flush()
+        deferred = self._deferrable(updated)
         stopped: list[str] = []
         touched: dict[str, _UserRequest] = {}
         for request in updated:
-            user_id, index = self._child_to_user[request.request_id]
-            user = self._users[user_id]
-            completion = user.completions[index]
-            if completion.logprobs is not None and request.request_id in logprobs:
-                completion.logprobs.append(logprobs[request.request_id])
-            if self._advance(completion):
+            user, completion = self._completion(request.request_id)
+            entry = logprobs.get(request.request_id) if completion.logprobs is not None else None
+            if user.request_id in deferred:
+                self._pending.append((user, completion, entry))
+                continue
+            if entry is not None:
+                assert completion.logprobs is not None
+                completion.logprobs.append(entry)
+            if self._advance(completion, request.is_finished):
                 stopped.append(request.request_id)
-            touched[user_id] = user
-        return [self._output(user) for user in touched.values()], stopped
+            touched[user.request_id] = user
+        outputs, self._ready = self._ready, {}
+        for user_id, user in touched.items():
+            outputs.pop(user_id, None)  # this step's output supersedes the flushed one
+            outputs[user_id] = self._output(user)
+        return list(outputs.values()), stopped
+
+    def flush(self) -> None:
+        """Detokenize the deferred completions' newest tokens; their outputs are returned by
+        the next `process`. Runs before anything else changes those requests' tokens."""
+        pending, self._pending = self._pending, []
+        touched: dict[str, _UserRequest] = {}
+        for user, completion, entry in pending:
+            if entry is not None:
+                assert completion.logprobs is not None
+                completion.logprobs.append(entry)
+            # Its token did not finish it (else it was not deferred), whatever happened since.
+            stopped = self._advance(completion, finished=False)
+            assert not stopped, "a completion with stop strings was deferred"
+            touched[user.request_id] = user
+        for user_id, user in touched.items():
+            self._ready[user_id] = self._output(user)
+
+    def _deferrable(self, updated: list[Request]) -> set[str]:
+        """Users of `updated` whose text this step decides nothing: no stop strings, and no
+        completion finished (all of a user's completions share their stop strings)."""
+        users, sync = set(), set()
+        for request in updated:
+            user_id = self._child_to_user[request.request_id][0]
+            users.add(user_id)
+            if request.is_finished or request.sampling_params.stop:
+                sync.add(user_id)
+        return users - sync
+
+    def _completion(self, child_id: str) -> tuple[_UserRequest, _Completion]:
+        user_id, index = self._child_to_user[child_id]
+        user = self._users[user_id]
+        return user, user.completions[index]
 
     def finish(self, child_ids: list[str], finish_reason: str) -> list[RequestOutput]:
         """Mark children ended from outside a step (abort, error)."""
+        self.flush()
         touched: dict[str, _UserRequest] = {}
         for child_id in child_ids:
             if child_id not in self._child_to_user:
@@ -87,13 +146,15 @@ class OutputProcessor:
             if completion.finish_reason is None:
                 completion.finish_reason = finish_reason
             touched[user_id] = user
+            self._ready.pop(user_id, None)  # superseded by the output returned here
         return [self._output(user) for user in touched.values()]
 
-    def _advance(self, completion: _Completion) -> bool:
-        """Detokenize the new token; True if a stop string ended the completion here."""
+    def _advance(self, completion: _Completion, finished: bool) -> bool:
+        """Detokenize the newest token (`finished`: the step that sampled it finished the
+        request); True if a stop string ended the completion here."""
         request = completion.request
         if not request.sampling_params.detokenize:
-            if request.is_finished:
+            if finished:
                 completion.finish_reason = request.status.finish_reason
             return False
         delta = completion.detokenizer.append(request.output_token_ids[-1:])
@@ -105,8 +166,8 @@ class OutputProcessor:
             completion.text = completion.text[:cut]
             completion.finish_reason = "stop"
             completion.stop_reason = matched
-            return not request.is_finished
-        if request.is_finished:
+            return not finished
+        if finished:
             completion.text += completion.detokenizer.flush()
             completion.finish_reason = request.status.finish_reason
             token = request.output_token_ids[-1]

@@ -1,0 +1,96 @@
+"""Deferred detokenization (engine/output_processor.py): a user request without stop strings
+whose completions did not finish gets its new token's text while the next step's forward runs,
+and its output one step later; everything a step decides (stop strings, finished text) is
+still decided in that step, and no text is lost or reordered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loraplex.engine import LLM, SamplingParams
+from loraplex.engine.llm_engine import LLMEngine
+
+PROMPT = [5, 6, 7, 8]
+DEFERRED = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+# A stop string that never matches keeps a request on the synchronous path throughout (one
+# character long: no text is held back for it).
+SYNCHRONOUS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop=["\x00"])
+
+
+def make_engine(checkpoint: Path) -> LLMEngine:
+    return LLM(str(checkpoint), device="cpu", num_kv_blocks=32, enable_prefix_caching=False).engine
+
+
+def completions(engine: LLMEngine, params: SamplingParams) -> list[tuple[list[int], str, bool]]:
+    """Each step's output of one request: (token ids, text, finished)."""
+    engine.add_request("r", PROMPT, params)
+    seen = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            seen.append((output.outputs[0].token_ids, output.outputs[0].text, output.finished))
+    return seen
+
+
+def test_a_deferred_output_is_the_synchronous_one_a_step_later(llama_checkpoint: Path) -> None:
+    synchronous = completions(make_engine(llama_checkpoint), SYNCHRONOUS)
+    deferred = completions(make_engine(llama_checkpoint), DEFERRED)
+    assert [len(ids) for ids, _, _ in synchronous] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert synchronous[-1][1] != "" and synchronous[-1][2]
+    # Step k reports the tokens up to k - 1; the last step's, which finished it, in time.
+    assert deferred == synchronous[:-2] + synchronous[-1:]
+
+
+def test_both_kinds_in_one_batch_come_out_as_they_would_alone(llama_checkpoint: Path) -> None:
+    alone = {
+        "deferred": completions(make_engine(llama_checkpoint), DEFERRED),
+        "synchronous": completions(make_engine(llama_checkpoint), SYNCHRONOUS),
+    }
+    engine = make_engine(llama_checkpoint)
+    engine.add_request("deferred", PROMPT, DEFERRED)
+    engine.add_request("synchronous", PROMPT, SYNCHRONOUS)
+    together: dict[str, list[tuple[list[int], str, bool]]] = {name: [] for name in alone}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            completion = output.outputs[0]
+            together[output.request_id].append(
+                (completion.token_ids, completion.text, output.finished)
+            )
+    assert together == alone
+
+
+def test_an_abort_keeps_the_text_of_the_deferred_token(llama_checkpoint: Path) -> None:
+    aborted = {}
+    for name, params in [("deferred", DEFERRED), ("synchronous", SYNCHRONOUS)]:
+        engine = make_engine(llama_checkpoint)
+        engine.add_request("r", PROMPT, params)
+        for _ in range(3):
+            engine.step()
+        (output,) = engine.abort_request("r")
+        assert output.finished and output.outputs[0].finish_reason == "abort"
+        assert engine.step() == []  # nothing of it is left to come out
+        aborted[name] = (output.outputs[0].token_ids, output.outputs[0].text)
+    assert len(aborted["deferred"][0]) == 3
+    assert aborted["deferred"] == aborted["synchronous"]
+
+
+def test_the_deferred_text_is_made_while_the_forward_runs(llama_checkpoint: Path) -> None:
+    engine = make_engine(llama_checkpoint)
+    events: list[str] = []
+    forward, sample = engine.runner.forward, engine.runner._sample
+    flush = engine.output_processor.flush
+
+    def record(name, call):  # type: ignore[no-untyped-def]
+        def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+            events.append(name)
+            return call(*args, **kwargs)
+
+        return recorded
+
+    engine.runner.forward = record("forward", forward)  # type: ignore[method-assign]
+    engine.runner._sample = record("sample", sample)  # type: ignore[method-assign]
+    engine.output_processor.flush = record("flush", flush)  # type: ignore[method-assign]
+    engine.add_request("r", PROMPT, DEFERRED)
+    engine.step()
+    events.clear()
+    engine.step()
+    assert events[:3] == ["forward", "flush", "sample"]
