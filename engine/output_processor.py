@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from loraplex.engine.request import CompletionOutput, Logprob, Request, RequestOutput
 from loraplex.engine.tokenizer import IncrementalDetokenizer, Tokenizer, find_stop_string
 
-
 _Logprobs = tuple[Logprob, list[Logprob]]  # one token's logprob and the top ones
 
 
