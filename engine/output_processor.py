@@ -3,7 +3,7 @@
 A user request with `n` completions runs as `n` engine requests ("children"); this module
 gathers them back into one `RequestOutput`.
 
-Detokenizing is most of the host's work after a step. Only two things a step decides depend on
+Detokenizing is about half the host's work after a step. Only two things a step decides depend on
 the text: whether a stop string ended a completion, and the text of a finished one. A user
 request that has no stop strings and none of whose completions finished this step is
 *deferred*: its new tokens are detokenized by `flush`, which the engine calls while the next
