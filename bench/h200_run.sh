@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease, one script: the GPU tests first, then timing. On the device machine, from the repo
-# root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput; also many,
-# serve, quant, w4a16, tp, prio); results go to $OUT (or bench/results/tmp).
+# root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput; also attention,
+# many, serve, quant, w4a16, tp, prio); results go to $OUT (or bench/results/tmp).
 #
 # The device has torch, triton, transformers and peft, but not this package and no package
 # index: build the wheel here first (`make wheel`, into the git-ignored .whl/), carry .whl/ along,
@@ -53,6 +53,8 @@ for step in $steps; do
          python3 -m pip show loraplex | sed -n 1,2p;;
     gpu-tests) limit ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --durations=15 \
                  ${TESTS:-tests/kernels tests/engine} 2>&1 | grep -v Loading | tee "$OUT/gpu_tests.txt";;
+    attention) limit ${ATTENTION_TIMEOUT:-400} python3 bench/attention_bench.py --json "$OUT/attention.json" \
+                 2>&1 | tee "$OUT/attention.txt";;
     kernels) limit 100 python3 bench/kernels_bench.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels.txt";;
     tput) limit ${TPUT_TIMEOUT:-160} python3 bench/offline_throughput.py --shape llama3-8b --device cuda \
             --num-prompts 64 --min-prompt 512 --max-prompt 512 --output-len 128 \
@@ -114,7 +116,7 @@ for step in $steps; do
             --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
             --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
             | tee "$OUT/priority.txt";;
-    *) echo "unknown step $step (env gpu-tests kernels tput many serve quant w4a16 tp prio)" >&2; false;;
+    *) echo "unknown step $step (env gpu-tests attention kernels tput many serve quant w4a16 tp prio)" >&2; false;;
   esac
   rc=$?
   echo "=== $step: exit $rc"

@@ -43,10 +43,10 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.triton.launch_checks import (
-    check,
-    check_contiguous_last_dim,
-    check_one_device,
+from loraplex.kernels.triton.paged_attention_args import check_paged_attention_args
+from loraplex.kernels.triton.paged_decode_attention import (
+    DECODE_ATTENTION_TILES,
+    launch_paged_decode_attention,
 )
 from loraplex.kernels.triton.tile_table import MIN_DOT_DIM, TileTable, check_dot_tiles
 
@@ -213,53 +213,20 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Causal attention of each sequence's query tokens over its cached K/V, with
-    ATTENTION_TILES' row for the number of query tokens per sequence.
+    """Causal attention of each sequence's query tokens over its cached K/V.
 
-    Rows of tokens past query_start_loc[-1] (padding) are left uninitialised, as in the reference.
+    A decode step (one query token per sequence) runs split-KV (paged_decode_attention.py);
+    anything else runs this module's kernel with ATTENTION_TILES' row for the number of query
+    tokens per sequence. Rows of tokens past query_start_loc[-1] (padding) are left
+    uninitialised, as in the reference.
     """
-    queries_per_seq = triton.cdiv(query.shape[0], max(1, block_tables.shape[0]))
-    tiles = ATTENTION_TILES.lookup(queries_per_seq)
     args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
-    return launch_paged_attention(*args, scale, sliding_window, tiles)
-
-
-def _check_args(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    sliding_window: int | None,
-) -> None:
-    check(OP, query.dim() == 3 and key_cache.dim() == 4, "query must be 3-D and key_cache 4-D")
-    check(OP, key_cache.shape == value_cache.shape, "key_cache and value_cache shapes differ")
-    _, num_heads, head_dim = query.shape
-    _, _, num_kv_heads, cache_head_dim = key_cache.shape
-    check(OP, cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} != query's {head_dim}")
-    check(OP, num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads")
-    check(OP, query.dtype in (torch.float16, torch.bfloat16, torch.float32), f"dtype {query.dtype}")
-    check(OP, query.dtype == key_cache.dtype == value_cache.dtype, "query and caches dtypes differ")
-    check(OP, block_tables.dim() == 2, "block_tables must be [num_seqs, max_num_blocks]")
     num_seqs = block_tables.shape[0]
-    check(OP, seq_lens.shape == (num_seqs,), "seq_lens must be [num_seqs]")
-    check(OP, query_start_loc.shape == (num_seqs + 1,), "query_start_loc must be [num_seqs + 1]")
-    for name, t in (
-        ("block_tables", block_tables),
-        ("seq_lens", seq_lens),
-        ("query_start_loc", query_start_loc),
-    ):
-        check(OP, t.dtype == torch.int32, f"{name} must be int32")
-    check(OP, block_tables.stride(1) == 1, "block_tables rows must be contiguous")
-    check(
-        OP,
-        seq_lens.is_contiguous() and query_start_loc.is_contiguous(),
-        "seq_lens and query_start_loc must be contiguous",
-    )
-    check_contiguous_last_dim(OP, query=query, key_cache=key_cache, value_cache=value_cache)
-    check(OP, sliding_window is None or sliding_window > 0, "sliding_window must be > 0 or None")
-    check_one_device(OP, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+    if query.shape[0] == num_seqs and num_seqs > 0:
+        decode_tiles = DECODE_ATTENTION_TILES.lookup(num_seqs * key_cache.shape[-2])
+        return launch_paged_decode_attention(*args, scale, sliding_window, decode_tiles)
+    tiles = ATTENTION_TILES.lookup(triton.cdiv(query.shape[0], max(1, num_seqs)))
+    return launch_paged_attention(*args, scale, sliding_window, tiles)
 
 
 def launch_paged_attention(
@@ -275,7 +242,7 @@ def launch_paged_attention(
 ) -> torch.Tensor:
     """`paged_attention` with the given tiles instead of the table's."""
     args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
-    _check_args(*args, sliding_window)
+    check_paged_attention_args(OP, *args, sliding_window)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     num_seqs = block_tables.shape[0]

@@ -35,6 +35,17 @@ BATCHES = {
         None,
     ),
     "decode-64-seqs-ctx-640": ([640] * 64, [1] * 64, None),
+    # split-KV: lengths from 1 to 4,096, so some sequences use every split and some one
+    "decode-64-seqs-ctx-1-to-4096": (
+        [1 + (i * 977) % 4096 for i in range(63)] + [4096],
+        [1] * 64,
+        None,
+    ),
+    "decode-32-seqs-sliding-window-1000": (
+        [1 + (i * 331) % 3000 for i in range(32)],
+        [1] * 32,
+        1000,
+    ),
     "mixed-sliding-window-256": ([700, 1000, 90, 640], [200, 512, 90, 1], 256),
 }
 

@@ -14,6 +14,11 @@ import torch.nn.functional as F
 
 from loraplex.kernels import reference
 from loraplex.kernels.triton.paged_attention import ATTENTION_TILES, launch_paged_attention
+from loraplex.kernels.triton.paged_decode_attention import (
+    DECODE_ATTENTION_TILES,
+    DecodeAttentionTiles,
+    launch_paged_decode_attention,
+)
 from tests.kernels.paged_inputs import PagedBatch, make_paged_batch
 
 BF16 = pytest.param(
@@ -178,3 +183,43 @@ def test_attention_tiles_are_keyed_by_query_tokens_per_sequence() -> None:
     decode, prefill = (tiles for _, tiles in ATTENTION_TILES.rows)
     assert ATTENTION_TILES.lookup(1) == decode
     assert ATTENTION_TILES.lookup(2) == prefill
+
+
+# Decode sequences long enough that tile_n 16 x 1 tile per split uses every split of 4, and
+# short ones that use one; 3 splits (not a power of two) pads the merge.
+LONG_DECODE = ([1, 15, 16, 17, 70, 129], [1] * 6)
+SPLIT_TILES = [
+    pytest.param(DecodeAttentionTiles(16, 1, 1, num_warps=4, num_stages=1), id="1-split"),
+    pytest.param(DecodeAttentionTiles(16, 3, 1, num_warps=4, num_stages=1), id="3-splits"),
+    pytest.param(DecodeAttentionTiles(16, 4, 2, num_warps=2, num_stages=2), id="4-splits-min-2"),
+    pytest.param(DecodeAttentionTiles(32, 8, 1, num_warps=4, num_stages=2), id="8-splits-tile-32"),
+]
+
+
+@pytest.mark.parametrize("sliding_window", [None, 1, 20])
+@pytest.mark.parametrize("tiles", SPLIT_TILES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+def test_split_kv_decode_matches_reference(
+    triton_kernels: ModuleType,
+    device: torch.device,
+    num_heads: int,
+    num_kv_heads: int,
+    tiles: DecodeAttentionTiles,
+    sliding_window: int | None,
+) -> None:
+    """Every split count, used in full or in part, merges to the reference's output."""
+    batch = make_paged_batch(*LONG_DECODE, num_heads, num_kv_heads, 32, 16, torch.float32, device)
+    expected = reference.paged_attention(*batch.args, 0.2, sliding_window)
+    actual = launch_paged_decode_attention(*batch.args, 0.2, sliding_window, tiles)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-3)
+
+
+def test_split_kv_decode_rejects_more_tokens_than_sequences(
+    triton_kernels: ModuleType, device: torch.device
+) -> None:
+    batch = make_paged_batch([5, 9], [1, 2], 4, 2, 16, 16, torch.float32, device)
+    tiles = DECODE_ATTENTION_TILES.lookup(1)
+    with pytest.raises(ValueError, match="one query token per sequence"):
+        launch_paged_decode_attention(*batch.args, 0.2, None, tiles)
+    with pytest.raises(ValueError, match="max_splits"):
+        DecodeAttentionTiles(16, 0, 1, num_warps=4, num_stages=1)
