@@ -1,7 +1,8 @@
 """Paged attention on a CUDA GPU at the Llama-3-8B shape (bf16, 32 q / 8 kv heads, head_dim 128,
 block 16), against the card's own ceilings measured in the same run.
 
-    python3 bench/attention_bench.py [--json PATH]
+    python3 bench/attention_bench.py [--json PATH] [--batches 32,64] [--contexts 640]
+                                     [--decode-only]
 
 1. Ceilings: copy bandwidth (a 4 GiB device-to-device copy, bytes read + written per second)
    and the bf16 matmul rate (8192^3, TFLOP/s).
@@ -84,10 +85,10 @@ def ceilings() -> dict[str, float]:
     return {"copy_gbps": copy_gbps, "matmul_tflops": tflops}
 
 
-def time_decode(copy_gbps: float) -> list[dict[str, Any]]:
+def time_decode(copy_gbps: float, batches: list[int], contexts: list[int]) -> list[dict[str, Any]]:
     rows = []
-    for ctx in DECODE_CONTEXTS:
-        for batch in DECODE_BATCHES:
+    for ctx in contexts:
+        for batch in batches:
             args = paged_inputs([ctx] * batch, [1] * batch)
             table = DECODE_ATTENTION_TILES.lookup(batch * NUM_KV_HEADS)
             candidates: list[tuple[str, Any]] = [
@@ -158,6 +159,9 @@ def time_prefill(matmul_tflops: float) -> list[dict[str, Any]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--batches", default=",".join(map(str, DECODE_BATCHES)))
+    ap.add_argument("--contexts", default=",".join(map(str, DECODE_CONTEXTS)))
+    ap.add_argument("--decode-only", action="store_true", help="skip the prefill part")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("attention_bench needs a CUDA GPU", file=sys.stderr)
@@ -173,9 +177,12 @@ def main() -> int:
     results: dict[str, Any] = {"env": env, "ceilings": ceilings()}
     torch.cuda.empty_cache()  # the copy's 8 GiB
     print("decode (KV bytes read / s, as a fraction of copy bandwidth)")
-    results["decode"] = time_decode(results["ceilings"]["copy_gbps"])
-    print("prefill (causal attention TFLOP/s, as a fraction of the matmul rate)")
-    results["prefill"] = time_prefill(results["ceilings"]["matmul_tflops"])
+    batches = [int(b) for b in args.batches.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    results["decode"] = time_decode(results["ceilings"]["copy_gbps"], batches, contexts)
+    if not args.decode_only:
+        print("prefill (causal attention TFLOP/s, as a fraction of the matmul rate)")
+        results["prefill"] = time_prefill(results["ceilings"]["matmul_tflops"])
     results["wall_s"] = time.perf_counter() - started
     print(f"done in {results['wall_s']:.1f} s")
     if args.json:

@@ -53,7 +53,7 @@ for step in $steps; do
          python3 -m pip show loraplex | sed -n 1,2p;;
     gpu-tests) limit ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --durations=15 \
                  ${TESTS:-tests/kernels tests/engine} 2>&1 | grep -v Loading | tee "$OUT/gpu_tests.txt";;
-    attention) limit ${ATTENTION_TIMEOUT:-400} python3 bench/attention_bench.py --json "$OUT/attention.json" \
+    attention) limit ${ATTENTION_TIMEOUT:-400} python3 bench/attention_bench.py --json "$OUT/attention.json" ${ATTENTION_ARGS:-} \
                  2>&1 | tee "$OUT/attention.txt";;
     kernels) limit 100 python3 bench/kernels_bench.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels.txt";;
     tput) limit ${TPUT_TIMEOUT:-160} python3 bench/offline_throughput.py --shape llama3-8b --device cuda \

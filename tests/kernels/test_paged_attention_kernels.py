@@ -193,7 +193,7 @@ SPLIT_TILES = [
     pytest.param(DecodeAttentionTiles(16, 3, 1, num_warps=4, num_stages=1), id="3-splits"),
     pytest.param(DecodeAttentionTiles(16, 4, 2, num_warps=2, num_stages=2), id="4-splits-min-2"),
     pytest.param(DecodeAttentionTiles(32, 8, 1, num_warps=4, num_stages=2), id="8-splits-tile-32"),
-]
+] + [pytest.param(t, id=f"table-row-{i}") for i, (_, t) in enumerate(DECODE_ATTENTION_TILES.rows)]
 
 
 @pytest.mark.parametrize("sliding_window", [None, 1, 20])
