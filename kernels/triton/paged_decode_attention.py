@@ -62,11 +62,13 @@ class DecodeAttentionTiles:
             raise ValueError("max_splits and min_split_tiles must be >= 1")
 
 
-# bench/attention_bench.py on an H200 (bench/results/h200-*-split-kv): at batch 32 x 8 kv heads
-# two splits beat one by 13% at context 640 and 41% at 4,096; from batch 64 up one split (the
-# whole context per program) is best. Fewer programs than that get more splits.
+# bench/attention_bench.py on an H200 (bench/results/h200-e4a38b9-split-kv), per row the best
+# split count at tile 64 for contexts 640 and 4,096 alike (fewer programs, more splits): batch 1
+# at 4,096 runs in 19.6 us with 16 splits against 124.5 with one; from batch 64 up (512
+# programs) one split, the whole context per program, is best.
 DECODE_ATTENTION_TILES: Final = TileTable(
     (
+        (32, DecodeAttentionTiles(64, 16, 2, num_warps=4, num_stages=2)),
         (64, DecodeAttentionTiles(64, 8, 2, num_warps=4, num_stages=2)),
         (128, DecodeAttentionTiles(64, 4, 2, num_warps=4, num_stages=2)),
         (256, DecodeAttentionTiles(64, 2, 2, num_warps=4, num_stages=2)),
