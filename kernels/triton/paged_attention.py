@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.triton.attention_tile import load_kv_tile, online_softmax_step
 from loraplex.kernels.triton.paged_attention_args import check_paged_attention_args
 from loraplex.kernels.triton.paged_decode_attention import (
     DECODE_ATTENTION_TILES,
@@ -169,35 +170,37 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
         kv_pos = tile_start + offs_n  # [TILE_N]
         mask_n = kv_pos < kv_end
         block_id = tl.load(block_table_ptr + kv_pos // BLOCK_SIZE, mask=mask_n, other=0)
-        slot_base = block_id.to(tl.int64) * stride_kb + (kv_pos % BLOCK_SIZE) * stride_ks
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(
-            key_cache_ptr + slot_base[:, None] + kv_head * stride_kh + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )  # [TILE_N, D_PAD]
+        k = load_kv_tile(
+            key_cache_ptr,
+            block_id,
+            kv_pos,
+            kv_head,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            offs_d,
+            kv_mask,
+            BLOCK_SIZE,
+        )
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
         allowed = mask_n[None, :] & (kv_pos[None, :] <= q_pos[:, None])
         if USE_SLIDING_WINDOW:
             allowed = allowed & (kv_pos[None, :] > q_pos[:, None] - sliding_window)
         s = tl.where(allowed, s, float("-inf"))
-
-        # Online softmax; a row with no allowed key so far keeps m = -inf, so subtract 0
-        # instead to keep exp2 away from (-inf) - (-inf).
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_base = block_id.to(tl.int64) * stride_vb + (kv_pos % BLOCK_SIZE) * stride_vs
-        v = tl.load(
-            value_cache_ptr + v_base[:, None] + kv_head * stride_vh + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )  # [TILE_N, D_PAD]
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
+        v = load_kv_tile(
+            value_cache_ptr,
+            block_id,
+            kv_pos,
+            kv_head,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            offs_d,
+            kv_mask,
+            BLOCK_SIZE,
+        )
+        acc, m_i, l_i = online_softmax_step(s, v, acc, m_i, l_i, DOT_PRECISION)
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # only padding rows; they are not stored
     out = acc / l_i[:, None]

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.triton.attention_tile import load_kv_tile, online_softmax_step
 from loraplex.kernels.triton.paged_attention_args import check_paged_attention_args
 from loraplex.kernels.triton.tile_table import MIN_DOT_DIM, TileTable, check_dot_tiles
 
@@ -159,29 +160,34 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         if USE_SLIDING_WINDOW:
             mask_n = mask_n & (kv_pos > q_pos - sliding_window)
         block_id = tl.load(block_table_ptr + kv_pos // BLOCK_SIZE, mask=mask_n, other=0)
-        slot = block_id.to(tl.int64) * stride_kb + (kv_pos % BLOCK_SIZE) * stride_ks
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(
-            key_cache_ptr + slot[:, None] + kv_head * stride_kh + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )  # [TILE_N, D_PAD]
-        v_slot = block_id.to(tl.int64) * stride_vb + (kv_pos % BLOCK_SIZE) * stride_vs
-        v = tl.load(
-            value_cache_ptr + v_slot[:, None] + kv_head * stride_vh + offs_d[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )  # [TILE_N, D_PAD]
+        k = load_kv_tile(
+            key_cache_ptr,
+            block_id,
+            kv_pos,
+            kv_head,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            offs_d,
+            kv_mask,
+            BLOCK_SIZE,
+        )
+        v = load_kv_tile(
+            value_cache_ptr,
+            block_id,
+            kv_pos,
+            kv_head,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            offs_d,
+            kv_mask,
+            BLOCK_SIZE,
+        )
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
         s = tl.where(mask_n[None, :], s, float("-inf"))
-        # A tile with no allowed key (sliding window) keeps m = -inf: subtract 0 instead.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = online_softmax_step(s, v, acc, m_i, l_i, DOT_PRECISION)
 
     # Every used split holds at least one key in the window, so l_i > 0 on real rows.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
