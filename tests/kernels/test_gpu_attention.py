@@ -41,6 +41,7 @@ BATCHES = {
         [1] * 64,
         None,
     ),
+    "decode-4-seqs-16-splits": ([4096, 1, 700, 2049], [1] * 4, None),
     "decode-32-seqs-sliding-window-1000": (
         [1 + (i * 331) % 3000 for i in range(32)],
         [1] * 32,
