@@ -40,7 +40,7 @@ def prepare_inputs(
     for item in scheduled:
         request, start = item.request, item.start_position
         end = start + item.num_new_tokens
-        tokens = request.all_token_ids[start:end]
+        tokens = request.token_ids_between(start, end)
         input_ids.extend(tokens)
         positions.extend(range(start, end))
         block_ids = item.block_ids
