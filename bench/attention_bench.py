@@ -99,7 +99,7 @@ def time_decode(copy_gbps: float, batches: list[int], contexts: list[int]) -> li
             for kind, (launch, tiles) in candidates:
                 us = graph_us(functools.partial(launch, *args, SCALE, None, tiles))
                 gbps = batch * ctx * KV_BYTES_PER_TOKEN / us / 1e3
-                timed.append((us, kind, tiles))
+                timed.append((us, kind, tiles, gbps / copy_gbps))
                 rows.append(
                     {
                         "ctx": ctx,
@@ -115,9 +115,8 @@ def time_decode(copy_gbps: float, batches: list[int], contexts: list[int]) -> li
             best = min(timed[2:], key=lambda t: t[0])
             print(
                 f"  decode b{batch:<3} ctx {ctx:<4}: mixed kernel {mixed_us:7.1f} us, table "
-                f"{table_us:7.1f} us ({batch * ctx * KV_BYTES_PER_TOKEN / table_us / 1e3 / copy_gbps:.0%}"
-                f" of copy), best {best[0]:7.1f} us "
-                f"({batch * ctx * KV_BYTES_PER_TOKEN / best[0] / 1e3 / copy_gbps:.0%}) {best[2]}"
+                f"{table_us:7.1f} us ({timed[1][3]:.0%} of copy), best {best[0]:7.1f} us "
+                f"({best[3]:.0%}) {best[2]}"
             )
             del args
             torch.cuda.empty_cache()

@@ -25,7 +25,7 @@ Decode is recognised as `num_tokens == num_seqs` (the reference's own rule); tok
 sequence i at position seq_lens[i] - 1.
 
 Tiles (`DECODE_ATTENTION_TILES`, keyed by num_seqs x num_kv_heads, the programs of one split)
-come from bench/kernels_bench.py's attention sweep; `launch_paged_decode_attention` takes the
+come from bench/attention_bench.py's sweep; `launch_paged_decode_attention` takes the
 tiles as an argument (benchmarks and tests pass candidates); `paged_attention` picks them.
 """
 
@@ -63,10 +63,10 @@ class DecodeAttentionTiles:
             raise ValueError("max_splits and min_split_tiles must be >= 1")
 
 
-# bench/attention_bench.py on an H200 (bench/results/h200-e4a38b9-split-kv), per row the best
-# split count at tile 64 for contexts 640 and 4,096 alike (fewer programs, more splits): batch 1
-# at 4,096 runs in 19.6 us with 16 splits against 124.5 with one; from batch 64 up (512
-# programs) one split, the whole context per program, is best.
+# bench/attention_bench.py on an H200 (bench/results/h200-662ba43-split-kv, h200-e4a38b9-split-kv):
+# per row the split count at tile 64 that was best at context 4,096 and within 3% of the best at
+# 640 (fewer programs, more splits): batch 1 at 4,096 runs in 19.6 us with 16 splits against
+# 124.5 with one; from batch 64 up (512 programs) one split, the whole context per program.
 DECODE_ATTENTION_TILES: Final = TileTable(
     (
         (32, DecodeAttentionTiles(64, 16, 2, num_warps=4, num_stages=2)),

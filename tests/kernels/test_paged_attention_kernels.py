@@ -221,5 +221,10 @@ def test_split_kv_decode_rejects_more_tokens_than_sequences(
     tiles = DECODE_ATTENTION_TILES.lookup(1)
     with pytest.raises(ValueError, match="one query token per sequence"):
         launch_paged_decode_attention(*batch.args, 0.2, None, tiles)
+
+
+def test_decode_tiles_reject_zero_splits_and_odd_tiles() -> None:
     with pytest.raises(ValueError, match="max_splits"):
         DecodeAttentionTiles(16, 0, 1, num_warps=4, num_stages=1)
+    with pytest.raises(ValueError, match="tile_n"):
+        DecodeAttentionTiles(24, 2, 1, num_warps=4, num_stages=1)
