@@ -142,18 +142,22 @@ def step_breakdown(
     for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
         engine.add_request(f"prof{i}", {"prompt_token_ids": prompt}, params, lora_request=lora)
     prefill_s, decode_s, decode_steps, prefill_steps = 0.0, 0.0, 0, 0
+    sync(device)
+    # No sync between steps: with async scheduling a step() call launches one step and
+    # collects the one before, so in a steady run each call lasts one step of the GPU's.
     while engine.has_unfinished_requests():
         is_decode = (
-            all(r.num_computed_tokens == r.num_tokens - 1 for r in engine.scheduler.running)
+            all(
+                r.num_computed_tokens == r.num_tokens_with_placeholders - 1
+                for r in engine.scheduler.running
+            )
             and not engine.scheduler.waiting
         )
-        sync(device)
         profile = decode_profile if is_decode else None
         if profile is not None:
             profile.enable()
         start = time.perf_counter()
         engine.step()
-        sync(device)
         elapsed = time.perf_counter() - start
         if profile is not None:
             profile.disable()
@@ -216,6 +220,11 @@ def main() -> None:
         default=1,
         help="shard the engine's model over N devices (no quantization with N > 1)",
     )
+    ap.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="run one step at a time (the host waits for each step's tokens before the next)",
+    )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--torch-profile", help="write a torch.profiler table of one run here")
     ap.add_argument("--decode-profile", help="write cProfile tables of the decode steps here")
@@ -247,6 +256,7 @@ def main() -> None:
         "output_len": args.output_len,
         "quantization": args.quantization,
         "tensor_parallel_size": args.tensor_parallel_size,
+        "async_scheduling": not args.no_async_scheduling,
         "runs": {},
     }
     if args.device == "cuda":
@@ -280,6 +290,7 @@ def main() -> None:
         max_cpu_loras=max(max(counts), 1),
         quantization=quantization,
         tensor_parallel_size=args.tensor_parallel_size,
+        async_scheduling=not args.no_async_scheduling,
     )
     total_bytes, linear_bytes = weights_bytes(llm)
     results["weights_bytes"], results["linear_weights_bytes"] = total_bytes, linear_bytes

@@ -34,8 +34,9 @@ from loraplex.engine.request import (
     RequestStatus,
     SamplingParams,
 )
-from loraplex.engine.runner.model_runner import ModelRunner
+from loraplex.engine.runner.model_runner import ModelRunner, PendingOutput
 from loraplex.engine.scheduler import Scheduler
+from loraplex.engine.scheduler.output import SchedulerOutput
 from loraplex.engine.stats import EngineStats, LoRAStats
 from loraplex.engine.tokenizer import Tokenizer
 
@@ -101,6 +102,11 @@ class LLMEngine:
         self.num_scheduled_tokens = 0  # tokens computed by the steps (prefill and decode)
         self.step_seconds = 0.0  # wall time inside step(), less its waits for adapter loads
         self._throughput = _RateMeter()
+        self.async_scheduling = (
+            config.scheduler.async_scheduling and self.runner.supports_async_scheduling
+        )
+        # The launched step whose sampled tokens the host has not read yet.
+        self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None
 
     @classmethod
     def from_engine_args(cls, model: str, **kwargs: Any) -> LLMEngine:
@@ -193,7 +199,8 @@ class LLMEngine:
         return self.output_processor.finish(child_ids, "abort")
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests not finished, or a launched step whose results are still to collect."""
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def _on_request_finished(self, request: Request) -> None:
         if request.lora_request is not None and self.lora_manager is not None:
@@ -226,6 +233,10 @@ class LLMEngine:
             self.step_seconds += time.perf_counter() - start
 
     def _step(self) -> list[RequestOutput]:
+        """Schedule and launch a step, then finish the one before it while this one runs
+        (async scheduling; see engine/scheduler/scheduler.py). Returns the finished step's
+        outputs: a step's tokens come back from the `step()` call after the one launching it,
+        or from the same call when it must not overlap the next one."""
         self._check_alive()
         failed_loads: list[RequestOutput] = []
         if self.lora_manager is not None:
@@ -233,6 +244,8 @@ class LLMEngine:
             failed_loads = self._fail_adapter_requests(failures)
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
+            if self._in_flight is not None:  # its results are what the next step waits for
+                return failed_loads + self._finish_in_flight()
             # Requests are waiting for their adapters' loads: let the loader threads work.
             waited = time.perf_counter()
             time.sleep(EMPTY_STEP_WAIT_S)
@@ -241,33 +254,64 @@ class LLMEngine:
             lora = None
             if self.lora_manager is not None:
                 lora = self.lora_manager.prepare(scheduler_output.scheduled)
-            runner_output = self.runner.execute(scheduler_output, lora, self._while_gpu_runs)
-            self._while_gpu_runs()  # a step that ran no forward (else nothing is left to do)
+            pending = self.runner.launch(scheduler_output, lora)
         except EngineDeadError as exc:
             return failed_loads + self._stop(exc)
         except Exception:
-            # One failed step (e.g. out of memory) fails the requests in it, not the engine.
-            logger.exception(
-                "model step failed; failing the %d requests in it", len(scheduler_output.scheduled)
-            )
-            failed = [s.request.request_id for s in scheduler_output.scheduled]
-            self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
-            return self.output_processor.finish(failed, "error")
+            return failed_loads + self._finish_in_flight() + self._fail_step(scheduler_output)
+        self._while_gpu_runs()
+        outputs = failed_loads + self._finish_in_flight()
+        self._in_flight = (scheduler_output, pending)
+        if not self._can_run_ahead(scheduler_output):
+            outputs += self._finish_in_flight()
+        return outputs
+
+    def _can_run_ahead(self, scheduler_output: SchedulerOutput) -> bool:
+        """Whether the next step may be scheduled before this one's tokens are known: not when
+        a request's next sampling needs them on the host (penalties count its output tokens)."""
+        return self.async_scheduling and not any(
+            item.needs_sample and item.request.sampling_params.needs_penalties
+            for item in scheduler_output.scheduled
+        )
+
+    def _finish_in_flight(self) -> list[RequestOutput]:
+        """Wait for the launched step's tokens; append them, stop and stream (no-op if none)."""
+        if self._in_flight is None:
+            return []
+        scheduler_output, pending = self._in_flight
+        self._in_flight = None
+        # The deferred text of the step before, while the GPU works (and before the tokens
+        # below are appended).
+        self.output_processor.flush()
+        try:
+            runner_output = pending.result()
+        except Exception:
+            return self._fail_step(scheduler_output)
         updated = self.scheduler.update_from_output(scheduler_output, runner_output)
         outputs, stopped = self.output_processor.process(updated, runner_output.logprobs)
         self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        self.num_generated_tokens += len(runner_output.sampled_token_ids)
-        self._throughput.add(len(runner_output.sampled_token_ids))
+        self.num_generated_tokens += len(updated)
+        self._throughput.add(len(updated))
         self.num_steps += 1
         self.num_scheduled_tokens += sum(s.num_new_tokens for s in scheduler_output.scheduled)
-        return failed_loads + outputs
+        return outputs
+
+    def _fail_step(self, scheduler_output: SchedulerOutput) -> list[RequestOutput]:
+        """One failed step (e.g. out of memory) fails the requests in it, not the engine."""
+        logger.exception(
+            "model step failed; failing the %d requests in it", len(scheduler_output.scheduled)
+        )
+        failed = [
+            s.request.request_id for s in scheduler_output.scheduled if not s.request.is_finished
+        ]
+        self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
+        return self.output_processor.finish(failed, "error")
 
     def _while_gpu_runs(self) -> None:
         """Host work that needs no result of this step, done while its forward runs: start the
-        adapter reads the step asked for, detokenize the last step's deferred outputs."""
+        adapter reads the step asked for."""
         if self.lora_manager is not None:
             self.lora_manager.start_loads()
-        self.output_processor.flush()
 
     def _check_alive(self) -> None:
         if self.dead is not None:
@@ -283,6 +327,7 @@ class LLMEngine:
         ids = [request.request_id for request in requests]
         self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
         self.dead = error
+        self._in_flight = None  # its requests are failed above
         self.runner.shutdown()
         return self.output_processor.finish(ids, "error")
 

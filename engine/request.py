@@ -178,8 +178,12 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
-    # Tokens whose K/V are in the cache (prompt and output alike).
+    # Tokens whose K/V are in the cache, or being written by a step already scheduled
+    # (prompt and output alike): the scheduler advances it when it schedules a step.
     num_computed_tokens: int = 0
+    # Tokens sampled by scheduled steps whose results are not back yet (async scheduling:
+    # at most one step runs ahead of the host, so 0 or 1 outside the scheduler).
+    num_output_placeholders: int = 0
     num_preemptions: int = 0
     num_lora_wait_steps: int = 0
     # When the scheduler first passed it over because its adapter was not on the GPU yet.
@@ -218,6 +222,12 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        """Known tokens plus the ones steps in flight are sampling: what the next step
+        continues from."""
+        return self.num_tokens + self.num_output_placeholders
 
     @property
     def is_finished(self) -> bool:

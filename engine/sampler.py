@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplex.engine.device_copy import copy_to_host, to_device
 from loraplex.engine.request import Logprob
 from loraplex.engine.sampling_metadata import PAD_TOKEN_ID, SamplingMetadata, create_generator
 
 __all__ = [
+    "SampledTensors",
     "Sampler",
     "SamplerOutput",
     "SamplingMetadata",
@@ -41,6 +43,42 @@ class SamplerOutput:
     # Per row: (sampled token's logprob, top-N alternatives sorted by logprob, descending).
     # None for a row that did not ask; the whole list is None when no row asked.
     logprobs: list[RowLogprobs | None] | None = None
+
+
+@dataclass
+class SampledTensors:
+    """One step's samples still as tensors (on the device until the host needs them)."""
+
+    token_ids: torch.Tensor  # [num_seqs] int64
+    # Logprobs, when a row asked: the sampled token's [num_seqs], the top-N
+    # [num_seqs, max_num_logprobs] and their token ids [num_seqs, max_num_logprobs].
+    logprobs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def to_host(self) -> SampledTensors:
+        """Start copying to host memory (pinned, without waiting when on CUDA); the copies
+        are complete once the stream has run this far (see ModelRunner's PendingOutput)."""
+        if self.logprobs is None:
+            return SampledTensors(copy_to_host(self.token_ids))
+        sampled_lp, top_lp, top_ids = self.logprobs
+        return SampledTensors(
+            copy_to_host(self.token_ids),
+            (copy_to_host(sampled_lp), copy_to_host(top_lp), copy_to_host(top_ids)),
+        )
+
+    def to_output(self, num_logprobs: list[int | None]) -> SamplerOutput:
+        """As Python lists (a device sync when the tensors are still on the GPU)."""
+        token_ids = self.token_ids.tolist()
+        if self.logprobs is None:
+            return SamplerOutput(sampled_token_ids=token_ids)
+        sampled_lp, top_lp, top_ids = (t.tolist() for t in self.logprobs)
+        out: list[RowLogprobs | None] = []
+        for row, n in enumerate(num_logprobs):
+            if n is None:
+                out.append(None)
+                continue
+            top = [Logprob(t, lp) for t, lp in zip(top_ids[row][:n], top_lp[row][:n], strict=True)]
+            out.append((Logprob(token_ids[row], sampled_lp[row]), top))
+        return SamplerOutput(sampled_token_ids=token_ids, logprobs=out)
 
 
 def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -143,25 +181,14 @@ def _sample_random(
 
 def _gather_logprobs(
     logits: torch.Tensor, sampled: torch.Tensor, md: SamplingMetadata
-) -> list[RowLogprobs | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # logits [num_seqs, vocab] post-penalty, pre-temperature; sampled [num_seqs]
     assert md.max_num_logprobs is not None
     logprobs = logits.log_softmax(dim=1)
-    sampled_lp = logprobs.gather(1, sampled.unsqueeze(1)).squeeze(1).tolist()
+    sampled_lp = logprobs.gather(1, sampled.unsqueeze(1)).squeeze(1)  # [num_seqs]
     max_n = min(md.max_num_logprobs, logits.shape[1])
     top_lp, top_ids = torch.topk(logprobs, max_n, dim=1)  # [num_seqs, max_n]
-    top_lp_rows, top_id_rows = top_lp.tolist(), top_ids.tolist()
-    token_ids = sampled.tolist()
-    out: list[RowLogprobs | None] = []
-    for row, n in enumerate(md.num_logprobs):
-        if n is None:
-            out.append(None)
-            continue
-        top = [
-            Logprob(t, lp) for t, lp in zip(top_id_rows[row][:n], top_lp_rows[row][:n], strict=True)
-        ]
-        out.append((Logprob(token_ids[row], sampled_lp[row]), top))
-    return out
+    return sampled_lp, top_lp, top_ids
 
 
 class Sampler:
@@ -183,13 +210,23 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of `logits` ([num_seqs, vocab] float32)."""
+        return self.sample(logits, md).to_output(md.num_logprobs)
+
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> SampledTensors:
+        """As `__call__`, leaving the results on the logits' device (no sync)."""
         assert logits.dim() == 2 and logits.shape[0] == md.num_seqs
         logits = logits.float()  # a no-op for float32; sampling in half precision loses mass
         if md.banned_token_ids is not None:
+            vocab_size = logits.shape[1]
+            cells = [
+                (row, token_id)
+                for row, banned in enumerate(md.banned_token_ids)
+                for token_id in banned
+                if token_id < vocab_size
+            ]
+            where = to_device([i for cell in cells for i in cell], torch.int64, logits.device)
             logits = logits.clone()
-            for row, banned in enumerate(md.banned_token_ids):
-                if banned:
-                    logits[row, [t for t in banned if t < logits.shape[1]]] = float("-inf")
+            logits[where[0::2], where[1::2]] = float("-inf")
         if not md.no_penalties:
             assert md.prompt_token_ids is not None and md.output_token_ids is not None
             assert md.presence_penalties is not None and md.frequency_penalties is not None
@@ -216,4 +253,4 @@ class Sampler:
                 sampled[rows] = _sample_random(logits[rows], md, generator)
 
         logprobs = None if md.max_num_logprobs is None else _gather_logprobs(logits, sampled, md)
-        return SamplerOutput(sampled_token_ids=sampled.tolist(), logprobs=logprobs)
+        return SampledTensors(sampled, logprobs)

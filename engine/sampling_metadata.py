@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplex.engine.device_copy import tensor_to_device, to_device
 from loraplex.engine.request import MAX_LOGPROBS, SamplingParams
 
 # Pads ragged token-id lists; remapped to an out-of-vocab bin when penalties are applied.
@@ -25,7 +26,8 @@ def _pad_token_ids(token_ids: list[list[int]], device: torch.device | str) -> to
     max_len = max((len(ids) for ids in token_ids), default=0)
     padded = [ids + [PAD_TOKEN_ID] * (max_len - len(ids)) for ids in token_ids]
     # [num_seqs, max_len]
-    return torch.tensor(padded, dtype=torch.int64, device=device).reshape(len(token_ids), max_len)
+    host = torch.tensor(padded, dtype=torch.int64).reshape(len(token_ids), max_len)
+    return tensor_to_device(host, device)
 
 
 @dataclass
@@ -97,7 +99,7 @@ class SamplingMetadata:
         assert len(prompt_token_ids) == len(output_token_ids) == len(generators) == num_seqs
 
         def floats(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device)
+            return to_device(values, torch.float32, device)
 
         greedy = [p.temperature == 0.0 for p in params]
         temperature = floats([p.temperature for p in params])
@@ -129,11 +131,9 @@ class SamplingMetadata:
             temperature=temperature,
             all_greedy=not random_row_ids,
             all_random=len(random_row_ids) == num_seqs,
-            random_rows=(
-                torch.tensor(random_row_ids, dtype=torch.int64, device=device) if mixed else None
-            ),
+            random_rows=(to_device(random_row_ids, torch.int64, device) if mixed else None),
             random_row_ids=random_row_ids,
-            top_k=torch.tensor(top_ks, dtype=torch.int64, device=device) if use_top_k else None,
+            top_k=to_device(top_ks, torch.int64, device) if use_top_k else None,
             max_top_k=max(top_ks) if use_top_k else 0,
             top_p=floats([p.top_p for p in params]) if use_top_p else None,
             min_p=floats([p.min_p for p in params]) if use_min_p else None,

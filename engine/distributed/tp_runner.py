@@ -21,7 +21,6 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -42,8 +41,8 @@ from loraplex.engine.model.hf_config import ModelArchConfig, read_config_json
 from loraplex.engine.model.quant.quant_config import resolve_quant_config
 from loraplex.engine.model.weight_loader import check_tp_quantization
 from loraplex.engine.runner.input_batch import prepare_inputs
-from loraplex.engine.runner.model_runner import ModelRunner
-from loraplex.engine.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from loraplex.engine.runner.model_runner import ModelRunner, PendingOutput
+from loraplex.engine.scheduler.output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +76,9 @@ class _Worker:
 
 
 class TensorParallelRunner(ModelRunner):
+    # Workers read their input tokens from the host's message (see _launch).
+    supports_async_scheduling = False
+
     def __init__(self, config: EngineConfig) -> None:
         world_size = config.parallel.tensor_parallel_size
         if dist.is_initialized():  # the group is torch.distributed's default one
@@ -164,24 +166,16 @@ class TensorParallelRunner(ModelRunner):
     # ---- one step ------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(
-        self,
-        scheduler_output: SchedulerOutput,
-        lora: LoRABatch | None = None,
-        while_gpu_runs: Callable[[], None] | None = None,
-    ) -> ModelRunnerOutput:
+    def launch(
+        self, scheduler_output: SchedulerOutput, lora: LoRABatch | None = None
+    ) -> PendingOutput:
         """One message to each worker, then rank 0's share of the step, then sampling."""
         try:
-            return self._execute(scheduler_output, lora, while_gpu_runs)
+            return self._launch(scheduler_output, lora)
         except Exception as exc:
             raise self._failure(exc) from exc
 
-    def _execute(
-        self,
-        scheduler_output: SchedulerOutput,
-        lora: LoRABatch | None,
-        while_gpu_runs: Callable[[], None] | None,
-    ) -> ModelRunnerOutput:
+    def _launch(self, scheduler_output: SchedulerOutput, lora: LoRABatch | None) -> PendingOutput:
         self._check_alive()
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
@@ -189,6 +183,8 @@ class TensorParallelRunner(ModelRunner):
         inputs = (
             prepare_inputs(scheduled, self.block_size, torch.device("cpu")) if scheduled else None
         )
+        # The workers get their input tokens from the host: no step may run ahead of it.
+        assert inputs is None or not inputs.placeholder_rows, "no async scheduling under TP"
         uploads = self._take_uploads()
         if inputs is not None or not scheduler_output.is_empty or any(uploads):
             sent = None if inputs is None else replace(inputs, sample_requests=[])
@@ -198,12 +194,10 @@ class TensorParallelRunner(ModelRunner):
                 w.send(worker.conn, step)
         self.copy_blocks(scheduler_output.block_copies)
         if inputs is None:
-            return ModelRunnerOutput()
+            return PendingOutput.empty()
         inputs = w.to_device(inputs, self.device)
         logits = self.forward(inputs, lora)
-        if while_gpu_runs is not None:
-            while_gpu_runs()
-        return ModelRunnerOutput() if logits is None else self._sample(logits, inputs)
+        return PendingOutput.empty() if logits is None else self._start_sample(logits, inputs)
 
     def _take_uploads(self) -> list[list[ShardUpload]]:
         """Per worker, the adapter shards to write before its next forward."""

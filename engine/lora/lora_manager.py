@@ -32,6 +32,7 @@ from itertools import islice
 import torch
 
 from loraplex.engine.config import LoRAConfig
+from loraplex.engine.device_copy import tensor_to_device
 from loraplex.engine.distributed.sharding import TPLayout
 from loraplex.engine.distributed.tp_group import TPGroup
 from loraplex.engine.errors import InvalidAdapterError
@@ -252,7 +253,7 @@ class LoRAManager:
             torch.tensor(token_slots, dtype=torch.int32), self.max_batch_loras
         )
         packed = torch.cat([slot_start_loc, slot_adapters, sorted_token_ids])
-        on_device = packed.to(self.device, non_blocking=True)
+        on_device = tensor_to_device(packed, self.device)
         sizes = [slot_start_loc.shape[0], slot_adapters.shape[0], sorted_token_ids.shape[0]]
         slot_start_loc, slot_adapters, sorted_token_ids = on_device.split(sizes)
         modules = set().union(*(self._modules[h] for h in adapters))

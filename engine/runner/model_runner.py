@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from loraplex.engine.config import EngineConfig
+from loraplex.engine.device_copy import to_device
 from loraplex.engine.distributed.tp_group import TensorParallel
 from loraplex.engine.errors import ConfigError
 from loraplex.engine.lora.lora_batch import LoRABatch
@@ -23,7 +24,7 @@ from loraplex.engine.model.weight_loader import load_model, resolve_device
 from loraplex.engine.request import Request
 from loraplex.engine.runner.cuda_graph import CUDAGraphRunner
 from loraplex.engine.runner.input_batch import ModelInputs, prepare_inputs
-from loraplex.engine.sampler import Sampler
+from loraplex.engine.sampler import SampledTensors, Sampler
 from loraplex.engine.sampling_metadata import SamplingMetadata, create_generator
 from loraplex.engine.scheduler.output import BlockCopies, ModelRunnerOutput, SchedulerOutput
 
@@ -33,6 +34,9 @@ GiB = 1 << 30
 
 
 class ModelRunner:
+    # Whether a step may launch before the last step's tokens reach the host (see launch).
+    supports_async_scheduling = True
+
     def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
         """`tp`: this rank's share of a tensor-parallel model (None: the whole model)."""
         self.config = config
@@ -63,6 +67,8 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator] = {}
+        # The last step's sampled tokens on the device [num_sample], and each request's row.
+        self._last_sampled: tuple[torch.Tensor, dict[str, int]] | None = None
         self.cuda_graphs: CUDAGraphRunner | None = None
 
     def capture_cuda_graphs(self, max_model_len: int, lora_manager: LoRAManager | None) -> None:
@@ -186,34 +192,59 @@ class ModelRunner:
         """Copy whole blocks, every layer at once: (src block, dst block) pairs."""
         if not mapping:
             return
-        src_ids = torch.tensor([m[0] for m in mapping], device=src.device)
-        dst_ids = torch.tensor([m[1] for m in mapping], device=dst.device)
+        # A copy to or from the CPU waits for the stream; one on the GPU does not.
+        src_ids = to_device([m[0] for m in mapping], torch.int64, src.device)
+        dst_ids = to_device([m[1] for m in mapping], torch.int64, dst.device)
         dst[:, dst_ids] = src[:, src_ids].to(dst.device)
 
     # ---- one step --------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(
         self,
         scheduler_output: SchedulerOutput,
         lora: LoRABatch | None = None,
         while_gpu_runs: Callable[[], None] | None = None,
     ) -> ModelRunnerOutput:
-        """Run one step: KV block copies, then the forward pass of the scheduled tokens (with
-        `lora`, this step's adapter mapping, from LoRAManager.prepare) and sampling.
-        `while_gpu_runs` is called once the forward is queued, before the host waits for it."""
+        """Run one step: `launch`, then `while_gpu_runs` (host work that needs no result of
+        the step), then wait for the sampled tokens."""
+        pending = self.launch(scheduler_output, lora)
+        if while_gpu_runs is not None:
+            while_gpu_runs()
+        return pending.result()
+
+    @torch.inference_mode()
+    def launch(
+        self, scheduler_output: SchedulerOutput, lora: LoRABatch | None = None
+    ) -> PendingOutput:
+        """Queue one step on the device without waiting for it: KV block copies, then the
+        forward pass of the scheduled tokens (with `lora`, this step's adapter mapping, from
+        LoRAManager.prepare) and sampling. Tokens the previous step is still sampling are fed
+        from its results on the device."""
         for request_id in scheduler_output.finished_request_ids:
             self._generators.pop(request_id, None)
         self.copy_blocks(scheduler_output.block_copies)
         if not scheduler_output.scheduled:
-            return ModelRunnerOutput()
+            return PendingOutput.empty()
         inputs = prepare_inputs(scheduler_output.scheduled, self.block_size, self.device)
+        self._fill_placeholders(inputs)
         logits = self.forward(inputs, lora)
-        if while_gpu_runs is not None:
-            while_gpu_runs()
         if logits is None:
-            return ModelRunnerOutput()
-        return self._sample(logits, inputs)
+            return PendingOutput.empty()
+        return self._start_sample(logits, inputs)
+
+    def _fill_placeholders(self, inputs: ModelInputs) -> None:
+        """Copy the tokens the previous step sampled into this step's input rows (on the
+        device: the host has not seen them yet)."""
+        if not inputs.placeholder_rows:
+            return
+        last = self._last_sampled
+        assert last is not None, "a placeholder needs the step before to have sampled"
+        sampled, row_of = last
+        source_rows = [row_of[request_id] for request_id in inputs.placeholder_request_ids]
+        rows = to_device(inputs.placeholder_rows + source_rows, torch.int64, self.device)
+        num = len(source_rows)
+        # [num] rows of this step's input_ids <- [num] rows of the last step's samples
+        inputs.input_ids.index_copy_(0, rows[:num], sampled.index_select(0, rows[num:]))
 
     def copy_blocks(self, block_copies: BlockCopies) -> None:
         """The step's swap-outs, swap-ins and copy-on-write copies, in that order."""
@@ -235,6 +266,9 @@ class ModelRunner:
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
     def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> ModelRunnerOutput:
+        return self._start_sample(logits, inputs).result()
+
+    def _start_sample(self, logits: torch.Tensor, inputs: ModelInputs) -> PendingOutput:
         requests = [item.request for item in inputs.sample_requests]
         metadata = SamplingMetadata.build(
             [r.sampling_params for r in requests],
@@ -244,14 +278,17 @@ class ModelRunner:
             self.device,
             stop_token_ids=_min_tokens_stops(requests),
         )
-        sampled = self.sampler(logits, metadata)
-        output = ModelRunnerOutput()
-        for row, request in enumerate(requests):
-            output.sampled_token_ids[request.request_id] = sampled.sampled_token_ids[row]
-            row_logprobs = sampled.logprobs[row] if sampled.logprobs is not None else None
-            if row_logprobs is not None and request.sampling_params.logprobs is not None:
-                output.logprobs[request.request_id] = row_logprobs
-        return output
+        sampled = self.sampler.sample(logits, metadata)
+        self._last_sampled = (
+            sampled.token_ids,
+            {request.request_id: row for row, request in enumerate(requests)},
+        )
+        host = sampled.to_host()
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return PendingOutput(requests, host, metadata.num_logprobs, done)
 
     def initialize_lora(self, lora_manager: LoRAManager | None) -> None:
         """Once the LoRA manager exists (tensor parallelism: the workers' adapter tables)."""
@@ -268,13 +305,49 @@ class ModelRunner:
 
 
 def _min_tokens_stops(requests: list[Request]) -> list[list[int]] | None:
-    """Per row, the tokens banned until `min_tokens` is reached (None when no row needs it)."""
+    """Per row, the tokens banned until `min_tokens` is reached (None when no row needs it).
+    The token sampled now follows the known outputs and the placeholders before it."""
     if all(r.sampling_params.min_tokens == 0 for r in requests):
         return None
     return [
         ([] if r.sampling_params.ignore_eos else sorted(r.eos_token_ids))
         + r.sampling_params.stop_token_ids
-        if r.num_output_tokens < r.sampling_params.min_tokens
+        if r.num_output_tokens + r.num_output_placeholders - 1 < r.sampling_params.min_tokens
         else []
         for r in requests
     ]
+
+
+class PendingOutput:
+    """A launched step's sampled tokens, on their way to the host."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        sampled: SampledTensors,
+        num_logprobs: list[int | None],
+        done: torch.cuda.Event | None = None,
+    ) -> None:
+        """`sampled`: host tensors that copies queued on the stream fill; `done`: an event
+        recorded after those copies (None on the CPU, where they are complete)."""
+        self.requests = requests
+        self._sampled = sampled
+        self._num_logprobs = num_logprobs
+        self._done = done
+
+    @classmethod
+    def empty(cls) -> PendingOutput:
+        return cls([], SampledTensors(torch.empty(0, dtype=torch.int64)), [])
+
+    def result(self) -> ModelRunnerOutput:
+        """Wait for the copies, then the step's tokens (and logprobs) by request id."""
+        if self._done is not None:
+            self._done.synchronize()
+        sampled = self._sampled.to_output(self._num_logprobs)
+        output = ModelRunnerOutput()
+        for row, request in enumerate(self.requests):
+            output.sampled_token_ids[request.request_id] = sampled.sampled_token_ids[row]
+            row_logprobs = sampled.logprobs[row] if sampled.logprobs is not None else None
+            if row_logprobs is not None and request.sampling_params.logprobs is not None:
+                output.logprobs[request.request_id] = row_logprobs
+        return output

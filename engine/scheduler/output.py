@@ -14,18 +14,14 @@ BlockCopies = tuple[BlockPairs, BlockPairs, BlockPairs]
 @dataclass
 class ScheduledRequest:
     request: Request
-    # Tokens computed this step: positions [num_computed_tokens, num_computed_tokens + num_new).
+    # Tokens computed this step: positions [start_position, start_position + num_new_tokens).
     num_new_tokens: int
     block_ids: list[int]
-
-    @property
-    def start_position(self) -> int:
-        return self.request.num_computed_tokens
-
-    @property
-    def needs_sample(self) -> bool:
-        """True when this step computes the request's last known token (logits wanted)."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+    # The request's num_computed_tokens when it was scheduled (the scheduler then advances it).
+    start_position: int
+    # True when this step computes the request's last token so far (logits wanted): a token
+    # still being sampled by the step in flight counts (async scheduling).
+    needs_sample: bool
 
 
 @dataclass

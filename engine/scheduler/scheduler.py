@@ -12,6 +12,13 @@ least urgent, most recent running request is preempted. `swap` copies its KV to 
 and keeps its progress; `recompute` (also the fallback when swap space is short) frees its
 blocks and re-prefills it later, output tokens included. Either way its output is unchanged.
 
+Async scheduling: the engine may schedule step N+1 before step N's sampled tokens are back.
+Scheduling advances `num_computed_tokens` at once and counts each token a step will sample as
+a placeholder (`num_output_placeholders`), so the next step continues after it; the model
+runner feeds that token to the next step on the device. A request that reached its length
+limit with its placeholders is not scheduled again; one that stops on a token (EOS, a stop id
+or string) or is aborted while a step for it runs has that step's token dropped.
+
 Adapters: a request joins a step only once its adapter is ready on the GPU (`AdapterGate`, the
 LoRA manager), and at most `max_loras` distinct adapters run at once if that cap is set. A
 request whose adapter is not ready is passed over, so requests behind it with resident adapters
@@ -108,14 +115,8 @@ class Scheduler:
         assert status.is_finished
         for request_id in request_ids:
             request = self.requests.get(request_id)
-            if request is None:
-                continue
-            if request.status == RequestStatus.RUNNING:
-                self._stop_running(request)
-            else:
-                self.waiting.remove(request)
-            request.status = status
-            self._free_request(request)
+            if request is not None:
+                self._finish(request, status)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -142,7 +143,9 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             if step.budget <= 0:
                 break
-            remaining = request.num_tokens - request.num_computed_tokens
+            if self._reaches_length_limit(request):
+                continue  # the step in flight samples its last token
+            remaining = request.num_tokens_with_placeholders - request.num_computed_tokens
             num_new = min(remaining, step.budget - self._left_for_urgent(request, step.budget))
             if num_new <= 0:
                 continue  # its prefill waits a step for more urgent requests
@@ -159,6 +162,8 @@ class Scheduler:
         for request in self.waiting:
             if step.preempted and not self._outranks(request, step.preempted):
                 break  # blocks are short: only a more urgent request may take them
+            if request.num_output_placeholders:
+                continue  # preempted this step while its last step runs: next step
             if not self._fork_parent_ready(request):
                 continue  # waits for its sibling's prefill, without holding up others
             if not self._adapter_fits(request, running_loras):
@@ -176,6 +181,11 @@ class Scheduler:
             if request.lora_int_id:
                 running_loras.add(request.lora_int_id)
 
+        for item in step.scheduled.values():
+            request = item.request
+            request.num_computed_tokens += item.num_new_tokens
+            request.num_output_placeholders += item.needs_sample
+            self.fairness.charge(request.fairness_key, item.num_new_tokens)
         output = SchedulerOutput(
             scheduled=list(step.scheduled.values()),
             finished_request_ids=self._finished_request_ids,
@@ -189,25 +199,24 @@ class Scheduler:
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[Request]:
-        """Advance computed tokens, append sampled tokens, finish requests that stop.
+        """Append the step's sampled tokens and finish the requests that stop.
 
-        Returns the requests that got a new token (finished or not).
+        Returns the requests that got a new token (finished or not). A request that ended
+        while the step ran (aborted, stopped by the step before) has its token dropped.
         """
         updated = []
         for item in scheduler_output.scheduled:
+            if not item.needs_sample:
+                continue
             request = item.request
-            sampled = item.needs_sample
-            request.num_computed_tokens += item.num_new_tokens
-            self.fairness.charge(request.fairness_key, item.num_new_tokens)
-            if not sampled:
+            request.num_output_placeholders -= 1
+            if request.is_finished:
                 continue
             token_id = runner_output.sampled_token_ids[request.request_id]
             request.output_token_ids.append(token_id)
             status = self._check_stop(request, token_id)
             if status is not None:
-                self._stop_running(request)
-                request.status = status
-                self._free_request(request)
+                self._finish(request, status)
             updated.append(request)
         return updated
 
@@ -306,7 +315,11 @@ class Scheduler:
 
     def _add_to_step(self, request: Request, num_new: int, step: _Step) -> None:
         block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-        step.scheduled[request.request_id] = ScheduledRequest(request, num_new, block_ids)
+        start = request.num_computed_tokens
+        needs_sample = start + num_new == request.num_tokens_with_placeholders
+        step.scheduled[request.request_id] = ScheduledRequest(
+            request, num_new, block_ids, start, needs_sample
+        )
         step.budget -= num_new
 
     def _pick_victim(self) -> Request:
@@ -372,6 +385,26 @@ class Scheduler:
         if request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    def _reaches_length_limit(self, request: Request) -> bool:
+        """Whether the tokens steps in flight sample take the request to max_tokens or the
+        context's end (never true without placeholders: then the last step's check ended it)."""
+        if not request.num_output_placeholders:
+            return False
+        num_outputs = request.num_output_tokens + request.num_output_placeholders
+        return (
+            num_outputs >= request.sampling_params.max_tokens
+            or request.num_tokens_with_placeholders >= self.max_model_len
+        )
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        assert status.is_finished
+        if request.status == RequestStatus.RUNNING:
+            self._stop_running(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self._free_request(request)
 
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)

@@ -117,3 +117,43 @@ def test_engine_on_cuda_matches_hf(
     assert stats.kv_blocks_adapters == lora_manager.pool.num_blocks_held
     del llm
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("with_lora", [False, True])
+def test_a_step_is_prepared_and_launched_while_the_gpu_runs(
+    workload: Workload, with_lora: bool
+) -> None:
+    """Async scheduling: step() schedules and launches the next step and reads the previous
+    one's tokens without waiting for the GPU to drain (no synchronising copy on the way), and
+    the outputs are the synchronous engine's."""
+    base, adapter_dirs, _, prompts, _ = workload
+    name = next(iter(adapter_dirs))
+    lora = LoRARequest(name, 1, str(adapter_dirs[name])) if with_lora else None
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for async_scheduling in (True, False):
+        llm = LLM(str(base), device="cuda", dtype="float32", max_num_seqs=16,
+                  async_scheduling=async_scheduling)  # fmt: skip
+        engine = llm.engine
+        if with_lora:
+            engine.add_lora(lora)  # type: ignore[arg-type]
+        for i, prompt in enumerate(prompts[:4]):
+            engine.add_request(str(i), {"prompt_token_ids": prompt}, params, lora_request=lora)
+        done: dict[str, list[int]] = {}
+        for step in range(40):
+            if not engine.has_unfinished_requests():
+                break
+            if async_scheduling and step == 3:  # decoding, one step in flight
+                torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time behind it
+                busy = torch.cuda.Event()
+                busy.record()
+                engine.step()
+                assert not busy.query(), "step() waited for the GPU"
+                continue
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+        outputs[async_scheduling] = done
+        del llm
+        torch.cuda.empty_cache()
+    assert len(outputs[True]) == 4 and outputs[True] == outputs[False]

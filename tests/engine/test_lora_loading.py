@@ -16,6 +16,8 @@ from loraplex.engine.errors import AdapterRemovedError, InvalidAdapterError, Req
 from loraplex.engine.llm_engine import LLMEngine
 from loraplex.engine.lora import lora_manager
 from loraplex.engine.lora.adapter_loader import CpuAdapter
+from loraplex.engine.runner.model_runner import PendingOutput
+from loraplex.engine.scheduler.output import ModelRunnerOutput
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 from tests.engine.engine_driver import make_llm, run_to_completion
 from tests.engine.lora_adapters import write_peft_adapter
@@ -198,17 +200,18 @@ def test_waiting_for_an_adapter_load_is_not_counted_as_step_time(
     assert 0 < stats.step_seconds < wall - 0.25  # the 0.3 s load was waited for, not stepped
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 def test_a_load_asked_for_in_a_step_starts_while_its_forward_runs(
-    base: Path, tmp_path: Path
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, async_scheduling: bool
 ) -> None:
     """A load begins with Python work (the file's header), so it starts once the step's forward
-    is queued and before the host waits for it (sampling), not while the host still prepares
-    the step; and within that same step."""
+    is queued and before the host waits for its sampled tokens (in that step, or with async
+    scheduling in the next one), not while the host still prepares the step."""
     path = write_peft_adapter(base, tmp_path / "cold", 4, ["q_proj"], seed=5)
-    engine = make_llm(base).engine
+    engine = make_llm(base, async_scheduling=async_scheduling).engine
     manager = engine.lora_manager
     events: list[str] = []
-    submit, forward, sample = manager.loader.submit, engine.runner.forward, engine.runner._sample
+    submit, forward, result = manager.loader.submit, engine.runner.forward, PendingOutput.result
 
     def record_submit(request: LoRARequest):  # type: ignore[no-untyped-def]
         events.append("load")
@@ -218,17 +221,17 @@ def test_a_load_asked_for_in_a_step_starts_while_its_forward_runs(
         events.append("forward")
         return forward(*args, **kwargs)
 
-    def record_sample(*args, **kwargs):  # type: ignore[no-untyped-def]
-        events.append("sample")
-        return sample(*args, **kwargs)
+    def record_wait(pending: PendingOutput) -> ModelRunnerOutput:
+        events.append("wait")
+        return result(pending)
 
     manager.loader.submit = record_submit  # type: ignore[method-assign]
-    engine.runner._sample = record_sample  # type: ignore[method-assign]
+    monkeypatch.setattr(PendingOutput, "result", record_wait)
     engine.runner.forward = record_forward  # type: ignore[method-assign]
     engine.add_request("warm", [5, 6, 7], PARAMS)
     engine.add_request("cold", [5, 6, 8], PARAMS, LoRARequest("c", 1, str(path), "d" * 64))
     engine.step()  # prefills "warm"; asks for "cold"'s adapter
-    assert events == ["forward", "load", "sample"]
+    assert events == (["forward", "load"] if async_scheduling else ["forward", "load", "wait"])
     cold = next(r for r in engine.scheduler.waiting if r.request_id == "cold")
     assert manager.is_loading(cold)
     outs = run_to_completion(engine)

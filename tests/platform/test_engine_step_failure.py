@@ -46,16 +46,16 @@ async def test_a_failing_step_fails_only_its_requests(
         await asyncio.sleep(0.002)
 
     runner = engine.engine.engine.runner
-    execute = runner.execute
+    launch = runner.launch
     failures: list[list[str]] = []
 
-    def fail_once(scheduler_output: Any, lora: Any, while_gpu_runs: Any = None) -> Any:
+    def fail_once(scheduler_output: Any, lora: Any) -> Any:
         if not failures:
             failures.append([s.request.request_id for s in scheduler_output.scheduled])
             raise RuntimeError("CUDA out of memory (simulated)")
-        return execute(scheduler_output, lora, while_gpu_runs)
+        return launch(scheduler_output, lora)
 
-    monkeypatch.setattr(runner, "execute", fail_once)
+    monkeypatch.setattr(runner, "launch", fail_once)
     failed_json = await in_step[0]
     assert failed_json.status_code == 500
     assert failed_json.json()["error"]["code"] == "engine_error"
