@@ -15,6 +15,8 @@ merges them.
     grid = (num_seqs, num_heads)                       phase 2: merge
     out = sum_i 2^(lse_i - max lse) * partial_out_i / sum_i 2^(lse_i - max lse)
 
+With max_splits = 1 (large batches) phase 1 writes `out` itself and phase 2 does not run.
+
 How many splits a sequence uses depends on its length, on the device (CUDA-graph friendly):
 each split holds at least `min_split_tiles` tiles, at most `max_splits` splits; programs past
 the last used split return at once, and the merge reads only the used ones. One program's rows
@@ -100,6 +102,7 @@ def _split_layout(  # type: ignore[no-untyped-def]
 def _decode_split_kernel(  # type: ignore[no-untyped-def]
     partial_out_ptr,  # [num_seqs, num_heads, MAX_SPLITS, HEAD_DIM_PAD] float32
     partial_lse_ptr,  # [num_seqs, num_heads, MAX_SPLITS] float32
+    out_ptr,  # [num_seqs, num_heads, HEAD_DIM]: written here when MAX_SPLITS == 1
     query_ptr,
     key_cache_ptr,
     value_cache_ptr,
@@ -116,6 +119,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     stride_vs,
     stride_vh,
     stride_bt,
+    stride_ot,
+    stride_oh,
     num_heads,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
@@ -191,6 +196,11 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
 
     # Every used split holds at least one key in the window, so l_i > 0 on real rows.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    if MAX_SPLITS == 1:  # the whole context: this is the output, nothing to merge
+        o_ptrs = out_ptr + seq.to(tl.int64) * stride_ot + head[:, None] * stride_oh
+        out = (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty)
+        tl.store(o_ptrs + offs_d[None, :], out, mask=mask_m[:, None] & mask_d[None, :])
+        return
     lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))  # [BLOCK_M]
     row = (seq.to(tl.int64) * num_heads + head) * MAX_SPLITS + split  # [BLOCK_M]
     tl.store(partial_lse_ptr + row, lse, mask=mask_m)
@@ -252,7 +262,8 @@ def launch_paged_decode_attention(
     sliding_window: int | None,
     tiles: DecodeAttentionTiles,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """Decode attention with the given tiles and split policy (two launches)."""
+    """Decode attention with the given tiles and split policy (two launches; one when
+    `tiles.max_splits` is 1)."""
     args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
     check_paged_attention_args(OP, *args, sliding_window)
     num_seqs, num_heads, head_dim = query.shape
@@ -264,13 +275,16 @@ def launch_paged_decode_attention(
         return out
     num_queries_per_kv = num_heads // num_kv_heads
     head_dim_pad = max(MIN_DOT_DIM, triton.next_power_of_2(head_dim))
+    merged = tiles.max_splits > 1  # else phase 1 writes `out` and needs no partials
     partial_out = torch.empty(
-        (num_seqs, num_heads, tiles.max_splits, head_dim_pad),
+        (num_seqs, num_heads, tiles.max_splits, head_dim_pad) if merged else (0,),
         dtype=torch.float32,
         device=query.device,
     )
     partial_lse = torch.empty(
-        (num_seqs, num_heads, tiles.max_splits), dtype=torch.float32, device=query.device
+        (num_seqs, num_heads, tiles.max_splits) if merged else (0,),
+        dtype=torch.float32,
+        device=query.device,
     )
     split_args = {
         "TILE_N": tiles.tile_n,
@@ -281,6 +295,7 @@ def launch_paged_decode_attention(
     _decode_split_kernel[(num_seqs, num_kv_heads, tiles.max_splits)](
         partial_out,
         partial_lse,
+        out,
         query,
         key_cache,
         value_cache,
@@ -297,6 +312,8 @@ def launch_paged_decode_attention(
         value_cache.stride(1),
         value_cache.stride(2),
         block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
         num_heads,
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_pad,
@@ -308,6 +325,8 @@ def launch_paged_decode_attention(
         num_stages=tiles.num_stages,
         **split_args,
     )
+    if not merged:
+        return out
     _decode_merge_kernel[(num_seqs, num_heads)](
         out,
         partial_out,
