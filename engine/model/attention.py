@@ -81,14 +81,15 @@ class Attention(nn.Module):
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden, ctx)  # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        # Strided views of qkv in; new contiguous [T, heads, head_dim] tensors out.
+        # Strided views of qkv in; new contiguous [T, heads, head_dim] tensors out. v stays a
+        # strided view: reshape_and_cache reads it in place (one copy less per layer).
         q, k = apply_rotary_pos_emb(
             q.view(num_tokens, self.num_heads, self.head_dim),
             k.view(num_tokens, self.num_kv_heads, self.head_dim),
             cos,
             sin,
         )
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous()
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         key_cache, value_cache = ctx.kv_caches[self.layer_idx]
         attn = ctx.attn
         reshape_and_cache(k, v, key_cache, value_cache, attn.slot_mapping)
