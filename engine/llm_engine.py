@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -15,17 +14,15 @@ from loraplex.engine.distributed.sharding import create_tp_layouts
 from loraplex.engine.distributed.tp_runner import TensorParallelRunner
 from loraplex.engine.engine_args import create_engine_config
 from loraplex.engine.errors import (
-    AdapterRemovedError,
     EngineDeadError,
-    InvalidAdapterError,
     InvalidParameterError,
-    RequestTooLongError,
 )
 from loraplex.engine.kv_cache import KVCacheManager
 from loraplex.engine.kv_cache.kv_cache_manager import cdiv
 from loraplex.engine.lora.adapter import lora_module_shapes
 from loraplex.engine.lora.lora_manager import LoRAManager
 from loraplex.engine.lora.page_layout import max_adapter_pages
+from loraplex.engine.lora.waiting_checks import failed_adapter_requests
 from loraplex.engine.output_processor import OutputProcessor
 from loraplex.engine.request import (
     LoRARequest,
@@ -37,7 +34,7 @@ from loraplex.engine.request import (
 from loraplex.engine.runner.model_runner import ModelRunner, PendingOutput
 from loraplex.engine.scheduler import Scheduler
 from loraplex.engine.scheduler.output import SchedulerOutput
-from loraplex.engine.stats import EngineStats, LoRAStats
+from loraplex.engine.stats import EngineStats, LoRAStats, RateMeter
 from loraplex.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -101,7 +98,7 @@ class LLMEngine:
         self.num_steps = 0
         self.num_scheduled_tokens = 0  # tokens computed by the steps (prefill and decode)
         self.step_seconds = 0.0  # wall time inside step(), less its waits for adapter loads
-        self._throughput = _RateMeter()
+        self._throughput = RateMeter()
         self.async_scheduling = (
             config.scheduler.async_scheduling and self.runner.supports_async_scheduling
         )
@@ -338,50 +335,21 @@ class LLMEngine:
     def _fail_adapter_requests(self, failures: dict[str, str]) -> list[RequestOutput]:
         """End the waiting requests whose adapter failed to load, or that could never fit the
         KV cache beside their adapter (nobody else is affected)."""
-        failed = []
-        for request in self.scheduler.waiting:
-            lora = request.lora_request
-            if lora is None:
-                continue
-            if lora.content_hash in failures:
-                request.error = self._load_failure(lora, failures[lora.content_hash])
-            elif request.fits_beside_adapter or (error := self._check_fit(request)) is None:
-                continue
-            else:
-                request.error = error
-            failed.append(request.request_id)
+        if self.lora_manager is None:
+            return []
+        failed = failed_adapter_requests(
+            self.scheduler.waiting,
+            failures,
+            self.lora_manager,
+            self.kv_cache_manager.num_blocks,
+            self.config.cache.block_size,
+            self.max_model_len,
+        )
         if not failed:
             return []
-        self.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
-        return self.output_processor.finish(failed, "error")
-
-    def _load_failure(self, lora: LoRARequest, reason: str) -> Exception:
-        assert self.lora_manager is not None
-        if self.lora_manager.is_registered(lora):
-            return InvalidAdapterError(f"adapter {lora.lora_name!r} failed to load: {reason}")
-        # Removed while the request waited, its files deleted with it (the platform's delete).
-        return AdapterRemovedError(
-            f"adapter {lora.lora_name!r} was deleted before this request could load it"
-        )
-
-    def _check_fit(self, request: Request) -> RequestTooLongError | None:
-        """Whether the request could ever fit the KV cache beside its adapter's pages; checked
-        once, when the adapter's size is first known (a long queue costs little per step)."""
-        assert self.lora_manager is not None and request.lora_request is not None
-        adapter_blocks = self.lora_manager.adapter_blocks(request.lora_request)
-        if adapter_blocks is None:
-            return None  # not loaded yet: checked again next step
-        num_blocks, block_size = self.kv_cache_manager.num_blocks, self.config.cache.block_size
-        max_len = request.num_prompt_tokens + request.sampling_params.max_tokens
-        need = adapter_blocks + cdiv(min(max_len, self.max_model_len), block_size)
-        if need <= num_blocks:
-            request.fits_beside_adapter = True
-            return None
-        return RequestTooLongError(
-            f"with adapter {request.lora_request.lora_name!r} ({adapter_blocks} KV blocks of "
-            f"weights) this request needs {need} KV blocks; the cache has {num_blocks}",
-            param="max_tokens",
-        )
+        ids = [request.request_id for request in failed]
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+        return self.output_processor.finish(ids, "error")
 
     def get_stats(self) -> EngineStats:
         """A snapshot of the engine's counters and gauges (see engine/stats.py)."""
@@ -416,26 +384,6 @@ class LLMEngine:
                 adapter_wait_seconds=scheduler.adapter_wait_seconds,
             ),
         )
-
-
-class _RateMeter:
-    """Tokens per second over roughly the last `window_s` seconds."""
-
-    def __init__(self, window_s: float = 10.0) -> None:
-        self.window_s = window_s
-        self._events: deque[tuple[float, int]] = deque()
-
-    def add(self, num_tokens: int) -> None:
-        now = time.monotonic()
-        self._events.append((now, num_tokens))
-        while self._events and now - self._events[0][0] > self.window_s:
-            self._events.popleft()
-
-    def rate(self) -> float:
-        if len(self._events) < 2:
-            return 0.0
-        span = self._events[-1][0] - self._events[0][0]
-        return sum(n for _, n in list(self._events)[1:]) / span if span > 0 else 0.0
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -7,6 +7,8 @@ the engine started; gauges are the state after the last step.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -96,3 +98,23 @@ class EngineStats:
     def prefix_cache_hit_rate(self) -> float:
         queried = self.prefix_cache_queried_tokens
         return self.prefix_cache_hit_tokens / queried if queried else 0.0
+
+
+class RateMeter:
+    """Tokens per second over roughly the last `window_s` seconds."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+
+    def add(self, num_tokens: int) -> None:
+        now = time.monotonic()
+        self._events.append((now, num_tokens))
+        while self._events and now - self._events[0][0] > self.window_s:
+            self._events.popleft()
+
+    def rate(self) -> float:
+        if len(self._events) < 2:
+            return 0.0
+        span = self._events[-1][0] - self._events[0][0]
+        return sum(n for _, n in list(self._events)[1:]) / span if span > 0 else 0.0
