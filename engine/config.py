@@ -94,8 +94,8 @@ class SchedulerConfig:
     # pipe threads) runs Python. CPython's default is 5 ms (decode steps were delayed by up to
     # 2.9 ms while an adapter loaded in one H200 run: docs/adapter_memory.md). None: leave it.
     switch_interval_ms: float | None = 0.5
-    # Schedule and launch step N+1 while the GPU runs step N (vLLM's async scheduling); steps
-    # that sample with penalties, and tensor parallelism, still run one at a time.
+    # Schedule and launch step N+1 while the GPU runs step N (vLLM's async scheduling); tensor
+    # parallelism still runs one step at a time.
     async_scheduling: bool = True
 
     def __post_init__(self) -> None:

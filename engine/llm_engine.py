@@ -259,17 +259,9 @@ class LLMEngine:
         self._while_gpu_runs()
         outputs = failed_loads + self._finish_in_flight()
         self._in_flight = (scheduler_output, pending)
-        if not self._can_run_ahead(scheduler_output):
+        if not self.async_scheduling:
             outputs += self._finish_in_flight()
         return outputs
-
-    def _can_run_ahead(self, scheduler_output: SchedulerOutput) -> bool:
-        """Whether the next step may be scheduled before this one's tokens are known: not when
-        a request's next sampling needs them on the host (penalties count its output tokens)."""
-        return self.async_scheduling and not any(
-            item.needs_sample and item.request.sampling_params.needs_penalties
-            for item in scheduler_output.scheduled
-        )
 
     def _finish_in_flight(self) -> list[RequestOutput]:
         """Wait for the launched step's tokens; append them, stop and stream (no-op if none)."""

@@ -25,7 +25,7 @@ from loraplex.engine.request import Request
 from loraplex.engine.runner.cuda_graph import CUDAGraphRunner
 from loraplex.engine.runner.input_batch import ModelInputs, prepare_inputs
 from loraplex.engine.sampler import SampledTensors, Sampler
-from loraplex.engine.sampling_metadata import SamplingMetadata, create_generator
+from loraplex.engine.sampling_metadata import PAD_TOKEN_ID, SamplingMetadata, create_generator
 from loraplex.engine.scheduler.output import BlockCopies, ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -246,6 +246,20 @@ class ModelRunner:
         # [num] rows of this step's input_ids <- [num] rows of the last step's samples
         inputs.input_ids.index_copy_(0, rows[:num], sampled.index_select(0, rows[num:]))
 
+    def _fill_pending_outputs(
+        self, output_token_ids: torch.Tensor, requests: list[Request], rows: list[int]
+    ) -> None:
+        """Put the tokens the previous step sampled in the PAD slots `_start_sample` left for
+        them: output_token_ids [num_seqs, max_len], row r, column len(known outputs)."""
+        last = self._last_sampled
+        assert last is not None, "a pending output needs the step before to have sampled"
+        sampled, row_of = last
+        columns = [len(requests[row].output_token_ids) for row in rows]
+        sources = [row_of[requests[row].request_id] for row in rows]
+        index = to_device(rows + columns + sources, torch.int64, self.device)
+        num = len(rows)
+        output_token_ids[index[:num], index[num : 2 * num]] = sampled[index[2 * num :]]
+
     def copy_blocks(self, block_copies: BlockCopies) -> None:
         """The step's swap-outs, swap-ins and copy-on-write copies, in that order."""
         swap_out, swap_in, copy = block_copies
@@ -270,14 +284,22 @@ class ModelRunner:
 
     def _start_sample(self, logits: torch.Tensor, inputs: ModelInputs) -> PendingOutput:
         requests = [item.request for item in inputs.sample_requests]
+        # Rows whose last output token the step before is still sampling: penalties count it
+        # (a PAD_TOKEN_ID slot here, filled in on the device below).
+        pending = [row for row, r in enumerate(requests) if r.num_output_placeholders > 1]
+        outputs = [r.output_token_ids for r in requests]
+        for row in pending:
+            outputs[row] = [*outputs[row], PAD_TOKEN_ID]
         metadata = SamplingMetadata.build(
             [r.sampling_params for r in requests],
             [r.prompt_token_ids for r in requests],
-            [r.output_token_ids for r in requests],
+            outputs,
             [self._generator_for(r.request_id, r.sampling_params.seed) for r in requests],
             self.device,
             stop_token_ids=_min_tokens_stops(requests),
         )
+        if pending and metadata.output_token_ids is not None:
+            self._fill_pending_outputs(metadata.output_token_ids, requests, pending)
         sampled = self.sampler.sample(logits, metadata)
         self._last_sampled = (
             sampled.token_ids,

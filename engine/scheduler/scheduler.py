@@ -42,6 +42,7 @@ from loraplex.engine.scheduler.adapter_gate import AdapterGate
 from loraplex.engine.scheduler.fairness import VirtualTokenCounter
 from loraplex.engine.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from loraplex.engine.scheduler.request_queue import WaitingQueue, priority_key
+from loraplex.engine.scheduler.stop_checks import check_stop, reaches_length_limit
 
 # How many steps a request may be passed over, with its adapter not loading, before admission
 # stops for everyone behind it (bounds its wait; see the module docstring).
@@ -143,7 +144,7 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             if step.budget <= 0:
                 break
-            if self._reaches_length_limit(request):
+            if reaches_length_limit(request, self.max_model_len):
                 continue  # the step in flight samples its last token
             remaining = request.num_tokens_with_placeholders - request.num_computed_tokens
             num_new = min(remaining, step.budget - self._left_for_urgent(request, step.budget))
@@ -214,7 +215,7 @@ class Scheduler:
                 continue
             token_id = runner_output.sampled_token_ids[request.request_id]
             request.output_token_ids.append(token_id)
-            status = self._check_stop(request, token_id)
+            status = check_stop(request, token_id, self.max_model_len)
             if status is not None:
                 self._finish(request, status)
             updated.append(request)
@@ -372,30 +373,6 @@ class Scheduler:
             self.adapter_gate.on_descheduled(request)
 
     # ---- endings -------------------------------------------------------------------------
-
-    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and token_id in request.eos_token_ids:
-                return RequestStatus.FINISHED_STOPPED
-            if token_id in params.stop_token_ids:
-                return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
-
-    def _reaches_length_limit(self, request: Request) -> bool:
-        """Whether the tokens steps in flight sample take the request to max_tokens or the
-        context's end (never true without placeholders: then the last step's check ended it)."""
-        if not request.num_output_placeholders:
-            return False
-        num_outputs = request.num_output_tokens + request.num_output_placeholders
-        return (
-            num_outputs >= request.sampling_params.max_tokens
-            or request.num_tokens_with_placeholders >= self.max_model_len
-        )
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         assert status.is_finished

@@ -202,15 +202,25 @@ def test_stop_tokens_and_strings_end_requests_as_without_async(llama_checkpoint:
     assert summary(run(llama_checkpoint, {}, stopping, True)) == synchronous
 
 
-def test_penalties_keep_their_steps_from_running_ahead(llama_checkpoint: Path) -> None:
-    """A request with penalties needs its output tokens on the host for its next sampling."""
+def test_penalties_count_the_token_still_in_flight(llama_checkpoint: Path) -> None:
+    """A request with penalties runs ahead too: its sampling counts the token the step before
+    is still sampling (filled in on the device), so its outputs are the synchronous ones."""
+    penalised = replace(GREEDY, frequency_penalty=1.5, presence_penalty=1.0, max_tokens=16)
     engine = LLM(str(llama_checkpoint), device="cpu", dtype="float32").engine
-    engine.add_request("plain", PROMPTS[0], GREEDY)
+    engine.add_request("penalised", PROMPTS[1], penalised)
     engine.step()
-    assert engine.has_unfinished_requests() and engine._in_flight is not None
-    engine.add_request("penalised", PROMPTS[1], replace(GREEDY, frequency_penalty=0.5))
     engine.step()
-    assert engine._in_flight is None  # this step's tokens were read before step() returned
+    assert engine._in_flight is not None  # the second step was launched before the first ended
+    outputs = {}
+    while engine.has_unfinished_requests():
+        outputs.update({o.request_id: o for o in engine.step()})
+    alone = LLM(str(llama_checkpoint), device="cpu", dtype="float32", async_scheduling=False)
+    expected = alone.generate([PROMPTS[1]], [penalised])[0].outputs[0].token_ids
+    got = outputs["penalised"].outputs[0].token_ids
+    assert got == expected
+    # The penalties matter here: without them the continuation differs.
+    plain = alone.generate([PROMPTS[1]], [replace(GREEDY, max_tokens=16)])[0].outputs[0]
+    assert plain.token_ids != expected
 
 
 def test_a_request_of_the_running_step_can_be_aborted(llama_checkpoint: Path) -> None:
