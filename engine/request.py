@@ -181,8 +181,8 @@ class Request:
     # Tokens whose K/V are in the cache, or being written by a step already scheduled
     # (prompt and output alike): the scheduler advances it when it schedules a step.
     num_computed_tokens: int = 0
-    # Tokens sampled by scheduled steps whose results are not back yet (async scheduling:
-    # at most one step runs ahead of the host, so 0 or 1 outside the scheduler).
+    # Tokens sampled by scheduled steps whose results are not back yet (async scheduling: at
+    # most 2, the step in flight's and the one just scheduled, before the first is read).
     num_output_placeholders: int = 0
     num_preemptions: int = 0
     num_lora_wait_steps: int = 0

@@ -8,7 +8,6 @@ shard of the weights and of the KV heads); rank 0's samples (engine/distributed/
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import torch
 
@@ -200,17 +199,10 @@ class ModelRunner:
     # ---- one step --------------------------------------------------------------------------
 
     def execute(
-        self,
-        scheduler_output: SchedulerOutput,
-        lora: LoRABatch | None = None,
-        while_gpu_runs: Callable[[], None] | None = None,
+        self, scheduler_output: SchedulerOutput, lora: LoRABatch | None = None
     ) -> ModelRunnerOutput:
-        """Run one step: `launch`, then `while_gpu_runs` (host work that needs no result of
-        the step), then wait for the sampled tokens."""
-        pending = self.launch(scheduler_output, lora)
-        if while_gpu_runs is not None:
-            while_gpu_runs()
-        return pending.result()
+        """Run one step and wait for its sampled tokens (`launch`, then its `result`)."""
+        return self.launch(scheduler_output, lora).result()
 
     @torch.inference_mode()
     def launch(
@@ -237,28 +229,33 @@ class ModelRunner:
         device: the host has not seen them yet)."""
         if not inputs.placeholder_rows:
             return
-        last = self._last_sampled
-        assert last is not None, "a placeholder needs the step before to have sampled"
-        sampled, row_of = last
-        source_rows = [row_of[request_id] for request_id in inputs.placeholder_request_ids]
-        rows = to_device(inputs.placeholder_rows + source_rows, torch.int64, self.device)
-        num = len(source_rows)
-        # [num] rows of this step's input_ids <- [num] rows of the last step's samples
-        inputs.input_ids.index_copy_(0, rows[:num], sampled.index_select(0, rows[num:]))
+        rows, tokens = self._tokens_in_flight(
+            inputs.placeholder_request_ids, inputs.placeholder_rows
+        )
+        inputs.input_ids[rows] = tokens
 
     def _fill_pending_outputs(
         self, output_token_ids: torch.Tensor, requests: list[Request], rows: list[int]
     ) -> None:
         """Put the tokens the previous step sampled in the PAD slots `_start_sample` left for
         them: output_token_ids [num_seqs, max_len], row r, column len(known outputs)."""
-        last = self._last_sampled
-        assert last is not None, "a pending output needs the step before to have sampled"
-        sampled, row_of = last
         columns = [len(requests[row].output_token_ids) for row in rows]
-        sources = [row_of[requests[row].request_id] for row in rows]
-        index = to_device(rows + columns + sources, torch.int64, self.device)
-        num = len(rows)
-        output_token_ids[index[:num], index[num : 2 * num]] = sampled[index[2 * num :]]
+        cells, tokens = self._tokens_in_flight(
+            [requests[row].request_id for row in rows], rows + columns
+        )
+        output_token_ids[cells[: len(rows)], cells[len(rows) :]] = tokens
+
+    def _tokens_in_flight(
+        self, request_ids: list[str], destination: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`destination` on the device, the tokens the previous step sampled for
+        `request_ids` [len(request_ids)]), with one host-to-device copy for both."""
+        assert self._last_sampled is not None, "tokens in flight need a step that sampled"
+        sampled, row_of = self._last_sampled
+        sources = [row_of[request_id] for request_id in request_ids]
+        index = to_device(destination + sources, torch.int64, self.device)
+        split = len(destination)
+        return index[:split], sampled[index[split:]]
 
     def copy_blocks(self, block_copies: BlockCopies) -> None:
         """The step's swap-outs, swap-ins and copy-on-write copies, in that order."""
@@ -278,9 +275,6 @@ class ModelRunner:
         if inputs.logits_indices.numel() == 0:
             return None
         return self.model.compute_logits(hidden[inputs.logits_indices])
-
-    def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> ModelRunnerOutput:
-        return self._start_sample(logits, inputs).result()
 
     def _start_sample(self, logits: torch.Tensor, inputs: ModelInputs) -> PendingOutput:
         requests = [item.request for item in inputs.sample_requests]

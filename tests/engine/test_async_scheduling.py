@@ -20,10 +20,11 @@ from loraplex.engine.request import RequestOutput, RequestStatus
 from loraplex.engine.runner.input_batch import prepare_inputs
 from loraplex.engine.runner.model_runner import PendingOutput
 from loraplex.engine.scheduler import ModelRunnerOutput
+from loraplex.engine.scheduler.output import SchedulerOutput
 from tests.engine.test_scheduler import make_request, make_scheduler
 
 
-def sampled(out, token: int = 7) -> ModelRunnerOutput:  # type: ignore[no-untyped-def]
+def sampled(out: SchedulerOutput, token: int = 7) -> ModelRunnerOutput:
     return ModelRunnerOutput(
         sampled_token_ids={s.request.request_id: token for s in out.scheduled if s.needs_sample}
     )
