@@ -33,6 +33,7 @@ from loraplex.platform.db import Database, check_migrated
 from loraplex.platform.engine_client import EngineClient
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.ratelimit import create_rate_limiter
+from loraplex.platform.registry_cache import RegistryCache
 from loraplex.platform.services.adapter_check import check_pending_adapters
 from loraplex.platform.services.reconcile import reconcile_adapters
 from loraplex.platform.settings import Settings, get_settings
@@ -116,8 +117,15 @@ async def start_state(settings: Settings, engine: AsyncEngine | None) -> AppStat
         adapter_store=store,
         api_key_secret=settings.api_key_hash_secret(),
         validate_adapter=_upload_validator(settings),
+        registry_cache=_registry_cache(settings, db),
         schema_verified=schema_verified,
     )
+
+
+def _registry_cache(settings: Settings, db: Database) -> RegistryCache:
+    cache = RegistryCache(settings.registry_cache_ttl_s)
+    cache.watch(db.session_factory)
+    return cache
 
 
 def _upload_validator(settings: Settings) -> AdapterValidator:

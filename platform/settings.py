@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     tenant_token_ttl_s: int = Field(default=900, ge=1)
     admin_token_ttl_s: int = Field(default=3600, ge=1)
     max_token_ttl_s: int = Field(default=7 * 24 * 3600, ge=1)
+    # How long a successful credential or model look-up is reused without reading the registry
+    # (0: never). Changes made through this server apply at once; changes made by another process
+    # (the CLI, another server) apply within this many seconds (platform/registry_cache.py).
+    registry_cache_ttl_s: float = Field(default=5.0, ge=0, le=300)
 
     # Engine
     model: str | None = None  # a Hugging Face checkpoint directory

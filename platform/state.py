@@ -10,6 +10,7 @@ from loraplex.platform.db import Database, check_migrated
 from loraplex.platform.engine_client import EngineClient
 from loraplex.platform.metrics import Metrics
 from loraplex.platform.ratelimit import FailoverRateLimiter
+from loraplex.platform.registry_cache import RegistryCache
 from loraplex.platform.settings import Settings
 from loraplex.platform.storage import AdapterStore
 from loraplex.platform.uploads import UploadGuard
@@ -28,6 +29,7 @@ class AppState:
     adapter_store: AdapterStore
     api_key_secret: bytes
     validate_adapter: AdapterValidator  # the engine's own checks, against the served model
+    registry_cache: RegistryCache  # watches `db`'s sessions
     uploads: UploadGuard = field(default_factory=UploadGuard)
     # The schema was found at the code's head (False while the database was down at start).
     schema_verified: bool = True

@@ -3,6 +3,8 @@
 The DB-touching ones are plain functions, which FastAPI runs in its thread pool: the
 synchronous SQLAlchemy session never blocks the event loop. The ones that only read the request
 or the app are `async def`: each sync dependency costs a trip through that pool on every request.
+`CurrentTenant`, which every tenant request needs, is `async def` too: it reads the registry
+cache and goes to the pool only on a miss.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request, Response, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
@@ -19,6 +22,7 @@ from loraplex.platform.auth import (
     TenantContext,
     authenticate_admin,
     authenticate_tenant,
+    hash_api_key,
 )
 from loraplex.platform.db import DatabaseNotMigratedError
 from loraplex.platform.errors import (
@@ -27,6 +31,7 @@ from loraplex.platform.errors import (
     ServiceUnavailableError,
 )
 from loraplex.platform.ratelimit import rate_limit_headers
+from loraplex.platform.registry_cache import CredentialEntry
 from loraplex.platform.settings import Settings
 from loraplex.platform.state import AppState
 
@@ -129,17 +134,29 @@ def require_schema(state: AppState) -> None:
         ) from exc
 
 
-def get_current_tenant(
+async def get_current_tenant(
     request: Request,
     state: StateDep,
     credential: CredentialDep,
     _: Annotated[None, Depends(declare_tenant_credentials)],
 ) -> TenantContext:
-    require_schema(state)
-    with state.db.session() as session:
-        tenant = authenticate_tenant(session, credential, state.tokens, state.api_key_secret)
+    """The caller's tenant: from the registry cache when it has this credential (no thread, no
+    database), else authenticated in the thread pool and remembered."""
+    cache = state.registry_cache
+    entry = CredentialEntry(hash_api_key(credential, state.api_key_secret))
+    tenant = cache.tenant(entry)
+    if tenant is None:
+        generation = cache.generation
+        tenant = await anyio.to_thread.run_sync(_authenticate_tenant, state, credential)
+        cache.put_tenant(entry, tenant, generation)
     request.state.tenant = tenant  # error responses carry the tenant's rate-limit headers too
     return tenant
+
+
+def _authenticate_tenant(state: AppState, credential: str) -> TenantContext:
+    require_schema(state)
+    with state.db.session() as session:
+        return authenticate_tenant(session, credential, state.tokens, state.api_key_secret)
 
 
 CurrentTenant = Annotated[TenantContext, Depends(get_current_tenant)]

@@ -7,7 +7,7 @@ outside its scope is a 403.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
@@ -38,6 +38,9 @@ class TenantContext:
     tokens_per_minute: int
     max_concurrent_requests: int
     api_key_id: int | None
+    # When the credential stops being valid by itself (the token's exp, the key's expires_at,
+    # the earlier of the two); None: never. Caches of this context must not outlive it.
+    expires_at: datetime | None = None
 
     @property
     def limits(self) -> TenantLimits:
@@ -48,7 +51,10 @@ class TenantContext:
         )
 
     @classmethod
-    def of(cls, tenant: Tenant, api_key_id: int | None) -> TenantContext:
+    def of(
+        cls, tenant: Tenant, key: ApiKey | None, token_expires_at: datetime | None = None
+    ) -> TenantContext:
+        expiries = [t for t in (token_expires_at, key.expires_at if key else None) if t]
         return cls(
             tenant_id=tenant.id,
             name=tenant.name,
@@ -56,7 +62,8 @@ class TenantContext:
             requests_per_minute=tenant.requests_per_minute,
             tokens_per_minute=tenant.tokens_per_minute,
             max_concurrent_requests=tenant.max_concurrent_requests,
-            api_key_id=api_key_id,
+            api_key_id=key.id if key else None,
+            expires_at=min(expiries, default=None),
         )
 
 
@@ -89,10 +96,11 @@ def authenticate_api_key(session: Session, key: str, secret: bytes) -> ApiKey:
 def authenticate_tenant(
     session: Session, credential: str, codec: TokenCodec, key_secret: bytes
 ) -> TenantContext:
-    api_key_id: int | None
+    key: ApiKey | None
+    token_expires_at = None
     if looks_like_api_key(credential):
         key = authenticate_api_key(session, credential, key_secret)
-        tenant, api_key_id = key.tenant, key.id
+        tenant = key.tenant
     else:
         claims = codec.verify(credential)
         if claims.scope != "tenant" or claims.tenant_id is None:
@@ -100,15 +108,16 @@ def authenticate_tenant(
         maybe_tenant = session.get(Tenant, claims.tenant_id)
         if maybe_tenant is None:
             raise AuthenticationError("invalid token")
-        tenant, api_key_id = maybe_tenant, claims.api_key_id
-        if api_key_id is not None:
-            _check_key_still_valid(session, api_key_id, tenant.id)
+        tenant, key = maybe_tenant, None
+        token_expires_at = datetime.fromtimestamp(claims.expires_at, UTC)
+        if claims.api_key_id is not None:
+            key = _key_still_valid(session, claims.api_key_id, tenant.id)
     if tenant.status != TenantStatus.ACTIVE:
         raise PermissionDeniedError("tenant suspended")
-    return TenantContext.of(tenant, api_key_id)
+    return TenantContext.of(tenant, key, token_expires_at)
 
 
-def _check_key_still_valid(session: Session, api_key_id: int, tenant_id: int) -> None:
+def _key_still_valid(session: Session, api_key_id: int, tenant_id: int) -> ApiKey:
     """A token exchanged from a key dies with the key (revocation is not delayed by the TTL)."""
     key = session.get(ApiKey, api_key_id)
     now = utcnow()
@@ -119,6 +128,7 @@ def _check_key_still_valid(session: Session, api_key_id: int, tenant_id: int) ->
         or (key.expires_at is not None and key.expires_at <= now)
     ):
         raise AuthenticationError("the API key this token came from is no longer valid")
+    return key
 
 
 def authenticate_admin(

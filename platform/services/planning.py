@@ -13,6 +13,7 @@ from loraplex.engine.request import SamplingParams
 from loraplex.platform.auth import TenantContext
 from loraplex.platform.crud import AdapterRef, resolve_model
 from loraplex.platform.errors import ContextLengthExceededError, InvalidRequestError
+from loraplex.platform.registry_cache import ModelEntry
 from loraplex.platform.schemas.openai_requests import MAX_PRIORITY, SamplingFields
 from loraplex.platform.services.generation import GenerationPlan
 from loraplex.platform.state import AppState
@@ -45,16 +46,26 @@ def check_text(text: str, param: str) -> None:
 
 
 async def resolve_adapter(state: AppState, tenant: TenantContext, model: str) -> AdapterRef | None:
-    """None for the base model; the tenant's (own or granted) adapter; else 404."""
+    """None for the base model; the tenant's (own or granted) adapter, from the registry cache
+    or the database; else 404."""
     base = state.engine.model_name
     if model == base:
         return None
+    cache = state.registry_cache
+    entry = ModelEntry(tenant.tenant_id, model)
+    adapter = cache.adapter(entry)
+    if adapter is not None:
+        return adapter
+    generation = cache.generation
 
     def lookup() -> AdapterRef | None:
         with state.db.session() as session:
             return resolve_model(session, tenant.tenant_id, model, base)
 
-    return await anyio.to_thread.run_sync(lookup)
+    adapter = await anyio.to_thread.run_sync(lookup)
+    if adapter is not None:
+        cache.put_adapter(entry, adapter, generation)
+    return adapter
 
 
 def check_prompt(state: AppState, prompt_token_ids: list[int], param: str) -> None:

@@ -1,6 +1,7 @@
-"""PostgreSQL unreachable mid-run or at start: requests get a retryable 503 (auth fails closed),
-/ready says why, usage records of requests that end meanwhile are kept, the server starts
-anyway, and everything resumes when the database returns."""
+"""PostgreSQL unreachable mid-run or at start: requests get a retryable 503 (auth fails closed
+for every credential the registry cache does not hold), /ready says why, usage records of
+requests that end meanwhile are kept, the server starts anyway, and everything resumes when the
+database returns."""
 
 from __future__ import annotations
 
@@ -35,8 +36,13 @@ def backend() -> str:
 @pytest.fixture
 def settings_overrides() -> dict[str, object]:
     # Flushes happen when a request waits for its row or the test says; a long request can
-    # still be running when the outage starts.
-    return {"usage_flush_interval_s": 3600.0, "max_model_len": 2048, "max_completion_tokens": 2000}
+    # still be running when the outage starts. Cached credentials live longer than the test.
+    return {
+        "usage_flush_interval_s": 3600.0,
+        "max_model_len": 2048,
+        "max_completion_tokens": 2000,
+        "registry_cache_ttl_s": 300.0,
+    }
 
 
 @pytest.fixture
@@ -65,7 +71,8 @@ async def test_postgres_down_mid_run(
 ) -> None:
     start_outage, end_outage = outage
     c = server.client
-    _, headers = await server.tenant("acme")
+    tenant, headers = await server.tenant("acme")
+    unused = {"Authorization": f"Bearer {await server.create_key(tenant['id'])}"}
     body = {"model": server.model_name, "prompt": "Hello", "max_tokens": 2}
     assert (await c.post("/v1/completions", headers=headers, json=body)).status_code == 200
     assert server.state.usage.num_pending == 0  # committed before the answer went out
@@ -75,23 +82,28 @@ async def test_postgres_down_mid_run(
     while server.state.engine.get_stats().num_generated_tokens < 20:
         await asyncio.sleep(0.005)
     start_outage()  # while that request is generating
-    r = await c.post("/v1/completions", headers=headers, json=body)
+    # A key never checked before cannot be checked now: 503, never a guess.
+    r = await c.post("/v1/completions", headers=unused, json=body)
     assert r.status_code == 503, r.text
     assert r.json()["error"]["code"] == "service_unavailable" and r.headers["retry-after"]
+    # The key checked moments ago is in the registry cache: served, its row kept for later.
+    r = await c.post("/v1/completions", headers=headers, json=body)
+    assert r.status_code == 200, r.text
+    assert server.state.usage.num_pending == 1
     ready = await c.get("/ready")
     assert ready.status_code == 503 and ready.json()["checks"]["database"] == "unavailable"
     assert "does not answer" in ready.json()["reasons"]["database"]
     assert (await c.get("/health")).status_code == 200
     r = await running  # it ends during the outage: answered after a bounded wait for its row
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1500
-    assert server.state.usage.num_pending == 1  # its row is kept for later, not lost
+    assert server.state.usage.num_pending == 2  # their rows are kept for later, not lost
     assert await server.state.usage.flush() == 0
 
     end_outage()
     assert (await c.post("/v1/completions", headers=headers, json=body)).status_code == 200
     assert server.state.usage.num_pending == 0
     with server.state.db.session() as session:
-        assert session.scalar(select(func.count()).select_from(UsageRecord)) == 3
+        assert session.scalar(select(func.count()).select_from(UsageRecord)) == 4
     assert (await c.get("/ready")).status_code == 200
 
 
