@@ -12,6 +12,7 @@ background thread of this process (AsyncEngine moves it onto its event loop).
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import queue
@@ -100,12 +101,26 @@ def _core_main(config: EngineConfig, conn: Connection) -> None:
     except BaseException as exc:
         conn.send(exc)
         raise
+    freeze_startup_heap()
     conn.send(_info(engine))
     pipe = CorePipeEnd(conn)
     try:
         EngineCore(engine, pipe.receive, pipe.send).run()
     finally:
         pipe.close()
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now into the collector's permanent generation.
+
+    After start-up the process holds ~750,000 objects that live as long as it does (modules,
+    the model's modules and tensor wrappers, tokenizer tables). Each full collection walked all
+    of them: ~290 ms on a CPU core here, a pause of the step loop that lands mid-run every few
+    seconds. Frozen, they are never walked again (a full collection then costs what the
+    objects made since cost). Garbage is collected first, so nothing dead is frozen; objects
+    frozen here are still freed by reference counting when they die."""
+    gc.collect()
+    gc.freeze()
 
 
 class CorePipeEnd:

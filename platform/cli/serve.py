@@ -8,8 +8,10 @@ what is left, flushes usage records and stops the engine.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import math
+import socket
 import sys
 from pathlib import Path
 from types import FrameType
@@ -36,6 +38,15 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
         self._app = app
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # The app is up: everything alive now (modules, the tokenizer, the app) lives as long
+        # as the process. Frozen, the garbage collector's full collections no longer walk
+        # those hundreds of thousands of objects; each was a pause of the event loop of
+        # ~100 ms on a CPU core here, every few seconds under load.
+        gc.collect()
+        gc.freeze()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state = getattr(self._app.state, "loraplex", None)
