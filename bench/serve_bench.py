@@ -416,9 +416,14 @@ def main() -> None:
         while not _ready(base_url):
             assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
             time.sleep(1)
-        # Warm-up, not reported: compiles the server's kernels for every adapter.
-        warm = random_prompts(2 * len(models), 16, 64, config["vocab_size"], seed=1000)
-        run_rate(clients, args.client_processes, base_url, key[0], models, warm, math.inf, 8, 1)
+        # Warm-up, not reported, the same as the offline engine's (64 requests of the run's
+        # shape over every adapter): it compiles the server's kernels for prefill-sized steps
+        # too, which a few short prompts leave to the first measured rate.
+        warm = random_prompts(64, args.min_prompt, args.max_prompt, config["vocab_size"], seed=1000)
+        run_rate(
+            clients, args.client_processes, base_url, key[0], models, warm, math.inf,
+            args.output_len, seed=1000,
+        )  # fmt: skip
         for i, rate in enumerate(float(r) for r in args.rates.split(",")):
             prompts = random_prompts(
                 args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"], seed=i
