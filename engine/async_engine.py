@@ -77,7 +77,7 @@ class _Request:
 
     def apply(self, delta: OutputDelta) -> None:
         for d in delta.completions:
-            c = self.completions.setdefault(d.index, _Completion())
+            c = self.completions.setdefault(d.completion_index, _Completion())
             c.token_ids.extend(d.token_ids)
             c.text += d.text
             if d.logprobs is not None:
