@@ -10,8 +10,8 @@ requests, new requests wait for them. So successful look-ups are cached:
   `expires_at`.
 - Any commit in this process that adds, changes or deletes a tenant, an API key, an adapter or a
   grant clears the whole cache (`watch`: SQLAlchemy session events see every ORM change and
-  every UPDATE or DELETE statement run through a session; raw SQL text would not be seen, and
-  the platform runs none). So a revoked key, a
+  every INSERT, UPDATE or DELETE statement run through a session; raw SQL text would not be
+  seen, and the platform runs none). So a revoked key, a
   suspended tenant, a changed limit, a new adapter version or a removed grant made through this
   server takes effect on the next request. Only a key's `last_used_at` changing does not count.
 - A change made by another process (the `loraplex` CLI, another server on the same database)
@@ -40,10 +40,20 @@ from sqlalchemy.orm import InstanceState, ORMExecuteState, Session, sessionmaker
 
 from loraplex.platform.auth import TenantContext
 from loraplex.platform.crud import AdapterRef
-from loraplex.platform.db import Adapter, AdapterGrant, ApiKey, Tenant, utcnow
+from loraplex.platform.db import (
+    Adapter,
+    AdapterGrant,
+    ApiKey,
+    AuditEvent,
+    Tenant,
+    UsageRecord,
+    utcnow,
+)
 
 # The rows whose changes can change a cached answer.
 REGISTRY_ROWS = (Tenant, ApiKey, Adapter, AdapterGrant)
+# Tables whose rows no cached answer depends on.
+_OTHER_TABLES = frozenset({UsageRecord.__tablename__, AuditEvent.__tablename__})
 # Columns whose change alone leaves every cached answer as it was.
 _UNCACHED_COLUMNS = frozenset({"last_used_at"})
 _CHANGED = "loraplex_registry_changed"  # a key of Session.info
@@ -173,9 +183,13 @@ def _note_registry_changes(session: Session, _flush_context: object) -> None:
 
 
 def _note_bulk_changes(execute_state: ORMExecuteState) -> None:
-    # An UPDATE or DELETE statement bypasses the flush; any one of them counts (they are rare).
-    if execute_state.is_update or execute_state.is_delete:
-        execute_state.session.info[_CHANGED] = True
+    # An INSERT, UPDATE or DELETE statement bypasses the flush. Usage rows are inserted this way
+    # every second and change no answer; one on a registry table, or on a table it cannot name,
+    # counts.
+    if execute_state.is_insert or execute_state.is_update or execute_state.is_delete:
+        table = getattr(execute_state.statement, "table", None)
+        if getattr(table, "name", None) not in _OTHER_TABLES:
+            execute_state.session.info[_CHANGED] = True
 
 
 def _changes_registry(

@@ -10,12 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select, update
+from sqlalchemy import event, insert, select, update
 
 from loraplex.platform import crud
 from loraplex.platform.auth import TenantContext
 from loraplex.platform.crud import AdapterRef
-from loraplex.platform.db import ApiKey, Database, Tenant, TenantTier, UsageRecord, upgrade
+from loraplex.platform.db import (
+    Adapter,
+    ApiKey,
+    Database,
+    Tenant,
+    TenantTier,
+    UsageRecord,
+    upgrade,
+)
 from loraplex.platform.registry_cache import CredentialEntry, ModelEntry, RegistryCache
 from loraplex.platform.schemas import ApiKeyCreate, TenantCreate
 from loraplex.platform.settings import Settings
@@ -137,8 +145,10 @@ def test_commits_that_leave_the_answers_alone_keep_the_cache(
         assert row is not None
         row.last_used_at = datetime.now(UTC)
         session.commit()
-    with db.session() as session:  # usage rows
+    with db.session() as session:  # usage rows, one by one or in bulk (the usage writer)
         session.add(_usage_row(tenant_id=tenant.id))
+        session.commit()
+        session.execute(insert(UsageRecord), [_usage_values(tenant.id)])
         session.commit()
     with db.session() as session:  # a change rolled back
         row = session.get(Tenant, tenant.id)
@@ -149,17 +159,21 @@ def test_commits_that_leave_the_answers_alone_keep_the_cache(
     assert cache.adapter(MODEL) == ADAPTER and cache.generation == generation
 
 
+def _usage_values(tenant_id: int) -> dict[str, Any]:
+    return {
+        "request_id": "cmpl-1",
+        "tenant_id": tenant_id,
+        "model": "base",
+        "endpoint": "completions",
+        "prompt_tokens": 1,
+        "completion_tokens": 1,
+        "latency_ms": 1,
+        "status": "ok",
+    }
+
+
 def _usage_row(tenant_id: int) -> UsageRecord:
-    return UsageRecord(
-        request_id="cmpl-1",
-        tenant_id=tenant_id,
-        model="base",
-        endpoint="completions",
-        prompt_tokens=1,
-        completion_tokens=1,
-        latency_ms=1,
-        status="ok",
-    )
+    return UsageRecord(**_usage_values(tenant_id))
 
 
 def completion(model: str) -> dict[str, Any]:
@@ -261,8 +275,8 @@ async def test_changes_by_another_process_apply_within_the_ttl(server: Platform)
     assert r.status_code == 401, r.text
 
 
-async def test_bulk_updates_through_the_server_clear_the_cache(server: Platform) -> None:
-    _, headers = await server.tenant("acme")
+async def test_bulk_statements_through_the_server_clear_the_cache(server: Platform) -> None:
+    tenant, headers = await server.tenant("acme")
     c = server.client
     body = completion(server.model_name)
     assert (await c.post("/v1/completions", headers=headers, json=body)).status_code == 200
@@ -271,3 +285,19 @@ async def test_bulk_updates_through_the_server_clear_the_cache(server: Platform)
         session.commit()
     r = await c.post("/v1/completions", headers=headers, json=body)
     assert r.status_code == 401, r.text
+
+    # A new version inserted by a bulk statement: the name follows it at once.
+    first = await server.add_adapter(tenant["id"], "bot")
+    headers = {"Authorization": f"Bearer {await server.create_key(tenant['id'])}"}
+    assert (await c.post("/v1/completions", headers=headers, json=completion("bot"))).is_success
+    with server.state.db.session() as session:
+        row = session.get(Adapter, first["id"])
+        assert row is not None
+        values = {c.key: getattr(row, c.key) for c in Adapter.__table__.columns if c.key != "id"}
+        new_id = session.execute(
+            insert(Adapter).values(**{**values, "version": row.version + 1}).returning(Adapter.id)
+        ).scalar_one()
+        session.commit()
+    assert (await c.post("/v1/completions", headers=headers, json=completion("bot"))).is_success
+    cached = server.state.registry_cache.adapter(ModelEntry(tenant["id"], "bot"))
+    assert cached is not None and cached.adapter_id == new_id
