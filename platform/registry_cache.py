@@ -6,14 +6,16 @@ names. Read from the database each time, these two look-ups cost more than the r
 admission together. Each one also needs a trip through the thread pool. During a burst of
 requests, new requests wait for them. So successful look-ups are cached:
 
-- An entry lives at most `ttl_s` seconds (0: no cache), and never past its API key's
-  `expires_at`.
+- An entry lives at most `ttl_s` seconds (0: no cache), and never past its credential's own
+  expiry (a token's `exp`, a key's `expires_at`).
 - Any commit in this process that adds, changes or deletes a tenant, an API key, an adapter or a
-  grant clears the whole cache (`watch`: SQLAlchemy session events see every ORM change and
-  every INSERT, UPDATE or DELETE statement run through a session; raw SQL text would not be
-  seen, and the platform runs none). So a revoked key, a
-  suspended tenant, a changed limit, a new adapter version or a removed grant made through this
-  server takes effect on the next request. Only a key's `last_used_at` changing does not count.
+  grant clears the whole cache. `watch` does this with SQLAlchemy session events: they see
+  every ORM change and every INSERT, UPDATE or DELETE statement run through a session. Raw SQL
+  text would not be seen; the platform runs none. So a revoked key, a suspended tenant, a
+  changed limit, a new adapter version or a removed grant made through this server takes
+  effect on the next request. Only a key's `last_used_at` changing does not count.
+- While the database is down, credentials verified less than `ttl_s` ago are still served;
+  any other credential gets a 503 (authentication fails closed).
 - A change made by another process (the `loraplex` CLI, another server on the same database)
   takes effect within `ttl_s`.
 - Failures are never cached: a wrong key, a suspended tenant or an unknown model reads the
@@ -55,7 +57,7 @@ REGISTRY_ROWS = (Tenant, ApiKey, Adapter, AdapterGrant)
 # Tables whose rows no cached answer depends on.
 _OTHER_TABLES = frozenset({UsageRecord.__tablename__, AuditEvent.__tablename__})
 # Columns whose change alone leaves every cached answer as it was.
-_UNCACHED_COLUMNS = frozenset({"last_used_at"})
+_IGNORED_COLUMNS = frozenset({"last_used_at"})
 _CHANGED = "loraplex_registry_changed"  # a key of Session.info
 
 
@@ -100,7 +102,7 @@ class RegistryCache:
 
     @property
     def generation(self) -> int:
-        """Read this before a database look-up, and pass it to `put` after."""
+        """Read this before a database look-up; pass it to `put_tenant` or `put_adapter` after."""
         return self._generation
 
     def __len__(self) -> int:
@@ -202,6 +204,6 @@ def _changes_registry(
         if isinstance(obj, REGISTRY_ROWS):
             state: InstanceState[object] = inspect(obj)
             changed = {a.key for a in state.attrs if a.history.has_changes()}
-            if changed - _UNCACHED_COLUMNS:
+            if changed - _IGNORED_COLUMNS:
                 return True
     return False

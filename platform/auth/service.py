@@ -118,7 +118,8 @@ def authenticate_tenant(
 
 
 def _key_still_valid(session: Session, api_key_id: int, tenant_id: int) -> ApiKey:
-    """A token exchanged from a key dies with the key (revocation is not delayed by the TTL)."""
+    """A token exchanged from a key dies with the key: its revocation is not delayed until the
+    token's own expiry (only, when the CLI revokes it, by the registry cache's TTL)."""
     key = session.get(ApiKey, api_key_id)
     now = utcnow()
     if (
