@@ -115,10 +115,10 @@ def freeze_startup_heap() -> None:
 
     After start-up the process holds ~750,000 objects that live as long as it does (modules,
     the model's modules and tensor wrappers, tokenizer tables). Each full collection walked all
-    of them: ~290 ms on a CPU core here, a pause of the step loop that lands mid-run every few
-    seconds. Frozen, they are never walked again (a full collection then costs what the
-    objects made since cost). Garbage is collected first, so nothing dead is frozen; objects
-    frozen here are still freed by reference counting when they die."""
+    of them: ~290 ms on a CPU core here, a pause of the step loop (about one per 10 s in a CPU
+    run of the offline engine). Frozen, they are never walked again: a full collection then
+    costs only what the objects made since cost. Garbage is collected first, so nothing dead is
+    frozen; objects frozen here are still freed by reference counting when they die."""
     gc.collect()
     gc.freeze()
 

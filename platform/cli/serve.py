@@ -43,8 +43,8 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets)
         # The app is up: everything alive now (modules, the tokenizer, the app) lives as long
         # as the process. Frozen, the garbage collector's full collections no longer walk
-        # those hundreds of thousands of objects; each was a pause of the event loop of
-        # ~100 ms on a CPU core here, every few seconds under load.
+        # those hundreds of thousands of objects; each one was a pause of the event loop of
+        # ~100 ms on a CPU core here.
         gc.collect()
         gc.freeze()
 
