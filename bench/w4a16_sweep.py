@@ -40,20 +40,17 @@ PROJECTIONS = {
     "down": (4096, 14336),
 }
 GROUP_SIZE = 128
-ROW_COUNTS = (1, 16, 32, 64, 128)
+ROW_COUNTS = (16, 64, 128, 256)
 
 
 def candidate_tiles(m: int) -> list[GroupDotTiles]:
     if m <= 16:
-        grid = itertools.product((16,), (64, 128, 256), (4, 8), (0, 2, 4, 8), (3,))
-    elif m <= 32:
-        grid = itertools.product((32,), (128, 256), (4, 8), (0, 1, 4), (3,))
+        grid = itertools.product((16,), (64, 128, 256), (4,), (0, 4, 8), (True, False))
     elif m <= 64:
-        grid = itertools.product((64,), (128, 256), (4, 8), (0, 1, 2, 4, 8), (3,))
-        grid = itertools.chain(grid, (((64, 256, 8, 0, stages)) for stages in (2, 4)))
-    else:  # beyond GROUP_DOT_MAX_M: is one program of 128 rows, or two of 64, any better?
-        grid = itertools.product((64, 128), (128, 256), (8,), (0, 1), (3,))
-    return [GroupDotTiles(bm, bn, 128, w, s, st) for bm, bn, w, s, st in grid]
+        grid = itertools.product((32, 64), (64, 128, 256), (4, 8), (0, 1, 4), (True, False))
+    else:
+        grid = itertools.product((64, 128), (128, 256), (4, 8), (0, 1), (True, False))
+    return [GroupDotTiles(bm, bn, 128, w, split_k=s, split_nibbles=sn) for bm, bn, w, s, sn in grid]
 
 
 def packed_weights(k: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,10 +17,9 @@ partial sums and the launcher adds them (a fixed order: deterministic).
 `w4a16_gemm` picks the path by the number of rows M and the weights:
 - M >= DEQUANT_MIN_M (prefill): the GEMM is compute-bound, so W is dequantized once
   (`w4a16_dequantize.py`) and multiplied with cuBLAS;
-- fewer rows, groups of 128 rows or a multiple and no act-order (the common AWQ and GPTQ
-  checkpoints): integer dots scaled per group (`w4a16_group_dot.py`), which does far less
-  arithmetic per weight;
-- fewer rows otherwise (act-order, groups of 32 or 64): this module's kernel.
+- fewer rows, groups of whole K steps (no act-order): integer dots scaled per group
+  (`w4a16_group_dot.py`), which does far less arithmetic per weight;
+- fewer rows with act-order (g_idx): this module's kernel.
 """
 
 from __future__ import annotations
@@ -155,7 +154,7 @@ def w4a16_gemm(
         check_w4a16_args(x, qweight, scales, zeros, g_idx, group_size)
         w = w4a16_dequantize(qweight, scales, zeros, g_idx, group_size, x.dtype)  # [K, N]
         return torch.matmul(x, w)
-    if fits_group_dot(m, group_size, g_idx):
+    if fits_group_dot(group_size, g_idx):
         check_w4a16_args(x, qweight, scales, zeros, g_idx, group_size)
         tiles = GROUP_DOT_TILES.lookup(m)
         return launch_w4a16_group_dot(x, qweight, scales, zeros, group_size, tiles)

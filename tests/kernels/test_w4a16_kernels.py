@@ -60,12 +60,13 @@ def test_triton_w4a16_matches_reference(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16], ids=str)
 @pytest.mark.parametrize(
-    ("m", "k", "n", "group_size", "block_k"),
+    ("m", "k", "n", "group_size", "block_k", "split_nibbles"),
     [
-        (3, 256, 32, 128, 128),
-        (17, 512, 40, 256, 128),  # two K steps per group, ragged M and N
-        (5, 512, 24, 256, 256),  # one K step of 256 rows per group
-        (1, 384, 48, 128, 128),
+        (3, 256, 32, 128, 128, True),  # 8 dots of 16 rows
+        (17, 512, 40, 256, 128, True),  # two K steps per group
+        (5, 256, 24, 128, 64, False),  # one reordered dot, two K steps per group
+        (2, 128, 16, 32, 128, True),  # K step cut to the group: 32 rows, one reordered dot
+        (1, 192, 48, 64, 128, False),
     ],
 )
 @pytest.mark.parametrize("split_k", [1, 3, 0], ids=["split1", "split3", "split_auto"])
@@ -78,35 +79,18 @@ def test_triton_w4a16_group_dot_matches_reference(
     n: int,
     group_size: int,
     block_k: int,
+    split_nibbles: bool,
     split_k: int,
 ) -> None:
     from loraplex.kernels.triton.w4a16_group_dot import GroupDotTiles, launch_w4a16_group_dot
 
     x, qweight, scales, zeros, _ = w4a16_inputs(m, k, n, group_size, False, dtype, device)
     expected = reference.w4a16_gemm(x, qweight, scales, zeros, None, group_size)
-    tiles = GroupDotTiles(16, 16, block_k, 4, split_k=split_k)
+    tiles = GroupDotTiles(16, 16, block_k, 4, split_k=split_k, split_nibbles=split_nibbles)
     got = launch_w4a16_group_dot(x, qweight, scales, zeros, group_size, tiles)
     assert got.dtype == dtype and got.shape == (m, n)
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
-
-
-def test_triton_w4a16_gemm_takes_the_group_dot_kernel_for_whole_groups(
-    triton_kernels: ModuleType, device: torch.device
-) -> None:
-    from loraplex.kernels.triton.w4a16_group_dot import GROUP_DOT_MAX_M, fits_group_dot
-
-    assert fits_group_dot(GROUP_DOT_MAX_M, 128, None) and fits_group_dot(1, 256, None)
-    assert not fits_group_dot(GROUP_DOT_MAX_M + 1, 128, None)  # dequantize + matmul instead
-    assert not fits_group_dot(1, 64, None)  # groups too small for 8 dots of 16 rows
-    assert not fits_group_dot(1, 128, torch.zeros(128, dtype=torch.int32))  # act-order
-    # Through the dispatch, with a strided x (rows of a wider tensor).
-    x, qweight, scales, zeros, _ = w4a16_inputs(4, 256, 16, 128, False, torch.float32, device)
-    wide = torch.randn(4, 272, device=device)
-    wide[:, 8:264] = x
-    got = triton_kernels.w4a16_gemm(wide[:, 8:264], qweight, scales, zeros, None, 128)
-    expected = reference.w4a16_gemm(x, qweight, scales, zeros, None, 128)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_triton_w4a16_group_dot_rejects_bad_tiles(
@@ -114,13 +98,11 @@ def test_triton_w4a16_group_dot_rejects_bad_tiles(
 ) -> None:
     from loraplex.kernels.triton.w4a16_group_dot import GroupDotTiles, launch_w4a16_group_dot
 
-    x, qweight, scales, zeros, _ = w4a16_inputs(2, 256, 16, 128, False, torch.float32, device)
+    x, qweight, scales, zeros, _ = w4a16_inputs(2, 128, 16, 64, False, torch.float32, device)
     with pytest.raises(ValueError, match="split_k"):
-        launch_w4a16_group_dot(x, qweight, scales, zeros, 128, GroupDotTiles(16, 16, 128, 4, -1))
-    with pytest.raises(ValueError, match=">= 128"):
-        launch_w4a16_group_dot(x, qweight, scales, zeros, 128, GroupDotTiles(16, 16, 64, 4))
-    with pytest.raises(ValueError, match="divide the group size"):
-        launch_w4a16_group_dot(x, qweight, scales, zeros, 128, GroupDotTiles(16, 16, 256, 4))
+        launch_w4a16_group_dot(x, qweight, scales, zeros, 64, GroupDotTiles(16, 16, 64, 4, -1, split_nibbles=False))
+    with pytest.raises(ValueError, match="8 dots"):
+        launch_w4a16_group_dot(x, qweight, scales, zeros, 64, GroupDotTiles(16, 16, 64, 4, 1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16], ids=str)
