@@ -1,15 +1,11 @@
-"""W4A16 GEMM paths and tiles at Llama-3-8B projection shapes, bf16, group size 128 (a GPU only).
+"""W4A16 GEMM tiles and paths at Llama-3-8B projection shapes, bf16, group size 128 (a GPU only).
 
-For each row count M it times, per projection, each call replayed from a CUDA graph (no Python
-launch cost in the figure; do_bench flushes L2 before each replay):
-- `engine`: what `w4a16_gemm` runs for that M;
-- `dequant_kloop`: the act-order kernel (`w4a16.py`, dequantize in the K loop) at its table's
-  tiles, for scale;
-- a sweep of candidate tiles for the group-dot kernel (`w4a16_group_dot.py`);
-- `dequant_matmul`: dequantize W, then cuBLAS; `bf16_matmul`: a bf16 weight of the same shape.
-Then, per M, the candidate tiles with the least time summed over the four projections: what
-`GROUP_DOT_TILES` (keyed by M alone) should hold, and where dequantize-then-matmul starts to
-win (`DEQUANT_MIN_M`).
+For each row count M it times, per projection: the engine's choice (`w4a16_gemm`), the K-loop
+kernel with the table's tiles, a sweep of candidate tiles (block sizes, warps, split-K) for the
+K-loop kernel, dequantize-then-cuBLAS,
+and a bf16 matmul of the same shape. Then, per M, the candidate tiles with the least time summed
+over the four projections: what `W4A16_TILES` (keyed by M alone) should hold, and whether
+dequantize-then-matmul wins there (`DEQUANT_MIN_M`).
 
 Correctness is not checked here: tests/kernels/test_w4a16_kernels.py runs on the GPU first.
 """
@@ -21,16 +17,14 @@ import functools
 import itertools
 import json
 import math
-import time
 
 import torch
-from kernel_timing import graph_us
+from kernel_timing import bench_us
 from triton.runtime.errors import OutOfResources
 
 from loraplex.engine.model.quant.int4_layout import pack_int4
-from loraplex.kernels.triton.w4a16 import W4A16_TILES, launch_w4a16_gemm, w4a16_gemm
+from loraplex.kernels.triton.w4a16 import W4A16_TILES, W4A16Tiles, launch_w4a16_gemm, w4a16_gemm
 from loraplex.kernels.triton.w4a16_dequantize import w4a16_dequantize
-from loraplex.kernels.triton.w4a16_group_dot import GroupDotTiles, launch_w4a16_group_dot
 
 # Llama-3-8B's projections (N, K): fused qkv, o, fused gate_up, down.
 PROJECTIONS = {
@@ -40,17 +34,16 @@ PROJECTIONS = {
     "down": (4096, 14336),
 }
 GROUP_SIZE = 128
-ROW_COUNTS = (16, 64, 128, 256)
+ROW_COUNTS = (1, 16, 64, 128, 256, 1024, 4096)
 
 
-def candidate_tiles(m: int) -> list[GroupDotTiles]:
-    if m <= 16:
-        grid = itertools.product((16,), (64, 128, 256), (4,), (0, 4, 8), (True, False))
-    elif m <= 64:
-        grid = itertools.product((32, 64), (64, 128, 256), (4, 8), (0, 1, 4), (True, False))
-    else:
-        grid = itertools.product((64, 128), (128, 256), (4, 8), (0, 1), (True, False))
-    return [GroupDotTiles(bm, bn, 128, w, split_k=s, split_nibbles=sn) for bm, bn, w, s, sn in grid]
+def candidate_tiles(m: int) -> list[W4A16Tiles]:
+    if m <= 64:
+        block_m = 16 if m <= 16 else 64
+        grid = itertools.product((64, 128), (64, 128, 256), (4, 8, 16), (2, 3, 4))
+        return [W4A16Tiles(block_m, n, k, 4, s, st) for n, k, s, st in grid]
+    grid = itertools.product((64, 128), (64, 128), (32, 64), (4, 8))
+    return [W4A16Tiles(bm, bn, bk, w, 1) for bm, bn, bk, w in grid]
 
 
 def packed_weights(k: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -67,13 +60,6 @@ def dequant_matmul(x: torch.Tensor, qweight, scales, zeros) -> torch.Tensor:  # 
     return torch.matmul(x, w)
 
 
-def time_or_inf(fn) -> float:  # type: ignore[no-untyped-def]
-    try:
-        return graph_us(fn)
-    except OutOfResources:  # e.g. shared memory of deep pipelines of large tiles
-        return math.inf
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -86,40 +72,42 @@ def main() -> int:
     torch.manual_seed(0)
     weights = {name: packed_weights(k, n) for name, (n, k) in PROJECTIONS.items()}
     results: dict[str, dict[str, object]] = {}
-    started = time.monotonic()
     for m in (int(m) for m in args.row_counts.split(",")):
-        totals: dict[GroupDotTiles, float] = {}
-        summary = dict.fromkeys(("engine", "dequant_kloop", "dequant_matmul", "bf16_matmul"), 0.0)
+        table = W4A16_TILES.lookup(m)
+        totals: dict[W4A16Tiles, float] = {}
+        summary = {"engine": 0.0, "table_tiles": 0.0}
+        summary.update({"dequant_matmul": 0.0, "bf16_matmul": 0.0})
         for name, (n, k) in PROJECTIONS.items():
             qw, sc, zr = weights[name]
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             dense_w = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
-            kloop = functools.partial(
-                launch_w4a16_gemm, x, qw, sc, zr, None, GROUP_SIZE, W4A16_TILES.lookup(m)
-            )
-            row: dict[str, object] = {
-                "engine": time_or_inf(lambda: w4a16_gemm(x, qw, sc, zr, None, GROUP_SIZE)),  # noqa: B023
-                "dequant_kloop": time_or_inf(kloop),
-                "dequant_matmul": time_or_inf(functools.partial(dequant_matmul, x, qw, sc, zr)),
-                "bf16_matmul": time_or_inf(functools.partial(torch.matmul, x, dense_w)),
+            kloop = functools.partial(launch_w4a16_gemm, x, qw, sc, zr, None, GROUP_SIZE)
+            row = {
+                "engine": bench_us(lambda: w4a16_gemm(x, qw, sc, zr, None, GROUP_SIZE)),  # noqa: B023
+                "table_tiles": bench_us(functools.partial(kloop, table)),
+                "dequant_matmul": bench_us(functools.partial(dequant_matmul, x, qw, sc, zr)),
+                "bf16_matmul": bench_us(functools.partial(torch.matmul, x, dense_w)),
             }
-            best = math.inf
             for tiles in candidate_tiles(m):
-                group_dot = functools.partial(
-                    launch_w4a16_group_dot, x, qw, sc, zr, GROUP_SIZE, tiles
-                )
-                t = time_or_inf(group_dot)
+                try:
+                    t = bench_us(functools.partial(kloop, tiles))
+                except OutOfResources:  # e.g. shared memory of deep pipelines of large tiles
+                    t = math.inf
                 totals[tiles] = totals.get(tiles, 0.0) + t
-                if t < best:
-                    best, row["best_tiles"] = t, list(tiles)
-            row["best_group_dot"] = best
+                row.setdefault("best_candidate_us", t)
+                if t <= row["best_candidate_us"]:
+                    row["best_candidate_us"], row["best_candidate"] = t, list(tiles)
             for key in summary:
                 summary[key] += float(row[key])  # type: ignore[arg-type]
-            gb_s = (k * n / 2) / (best * 1e-6) / 1e9
+            gb_s = (k * n / 2) / (float(row["best_candidate_us"]) * 1e-6) / 1e9  # type: ignore[arg-type]
             print(
                 f"{name:8s} M={m:5d}: "
-                + ", ".join(f"{key} {float(row[key]):.1f}" for key in (*summary, "best_group_dot"))  # type: ignore[arg-type]
-                + f" us; best tiles {row['best_tiles']} ({gb_s:.0f} GB/s of packed weights)",
+                + ", ".join(
+                    f"{key} {float(v):.1f}"
+                    for key, v in row.items()
+                    if key.endswith("us") or key in summary
+                )
+                + f" us; best tiles {row['best_candidate']} ({gb_s:.0f} GB/s of packed weights)",
                 flush=True,
             )
             results[f"{name} m={m}"] = row
@@ -127,12 +115,9 @@ def main() -> int:
         print(
             f"== M={m}: sums over the 4 projections (us): "
             + ", ".join(f"{key} {v:.1f}" for key, v in summary.items())
-            + f"; best tiles {tuple(best_tiles)} {best_total:.1f} "
-            f"({time.monotonic() - started:.0f} s so far)",
+            + f"; best tiles {tuple(best_tiles)} {best_total:.1f} (table {tuple(table)})",
             flush=True,
         )
-        ranked = sorted(totals.items(), key=lambda item: item[1])[:5]
-        print("   top 5: " + "; ".join(f"{tuple(t)} {v:.1f}" for t, v in ranked), flush=True)
         results[f"sum m={m}"] = {**summary, "best_tiles": list(best_tiles), "best_us": best_total}
     if args.json:
         with open(args.json, "w") as f:

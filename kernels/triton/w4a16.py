@@ -14,12 +14,8 @@ act-order), forms (q - z) * s in float32, rounds it to x's dtype (the reference'
 point) and accumulates the dot product in float32. With SPLIT_K > 1 each split writes float32
 partial sums and the launcher adds them (a fixed order: deterministic).
 
-`w4a16_gemm` picks the path by the number of rows M and the weights:
-- M >= DEQUANT_MIN_M (prefill): the GEMM is compute-bound, so W is dequantized once
-  (`w4a16_dequantize.py`) and multiplied with cuBLAS;
-- fewer rows, groups of whole K steps (no act-order): integer dots scaled per group
-  (`w4a16_group_dot.py`), which does far less arithmetic per weight;
-- fewer rows with act-order (g_idx): this module's kernel.
+With many rows (M >= DEQUANT_MIN_M, prefill) the GEMM is compute-bound: `w4a16_gemm` then
+dequantizes W once (`w4a16_dequantize.py`) and multiplies with cuBLAS.
 """
 
 from __future__ import annotations
@@ -34,11 +30,6 @@ import triton.language as tl
 from loraplex.kernels.triton.launch_checks import check, check_one_device
 from loraplex.kernels.triton.tile_table import TileTable, check_dot_tiles
 from loraplex.kernels.triton.w4a16_dequantize import w4a16_dequantize
-from loraplex.kernels.triton.w4a16_group_dot import (
-    GROUP_DOT_TILES,
-    fits_group_dot,
-    launch_w4a16_group_dot,
-)
 
 OP = "w4a16_gemm"
 
@@ -154,10 +145,6 @@ def w4a16_gemm(
         check_w4a16_args(x, qweight, scales, zeros, g_idx, group_size)
         w = w4a16_dequantize(qweight, scales, zeros, g_idx, group_size, x.dtype)  # [K, N]
         return torch.matmul(x, w)
-    if fits_group_dot(group_size, g_idx):
-        check_w4a16_args(x, qweight, scales, zeros, g_idx, group_size)
-        tiles = GROUP_DOT_TILES.lookup(m)
-        return launch_w4a16_group_dot(x, qweight, scales, zeros, group_size, tiles)
     return launch_w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size, W4A16_TILES.lookup(m))
 
 

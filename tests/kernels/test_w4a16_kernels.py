@@ -60,53 +60,6 @@ def test_triton_w4a16_matches_reference(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16], ids=str)
 @pytest.mark.parametrize(
-    ("m", "k", "n", "group_size", "block_k", "split_nibbles"),
-    [
-        (3, 256, 32, 128, 128, True),  # 8 dots of 16 rows
-        (17, 512, 40, 256, 128, True),  # two K steps per group
-        (5, 256, 24, 128, 64, False),  # one reordered dot, two K steps per group
-        (2, 128, 16, 32, 128, True),  # K step cut to the group: 32 rows, one reordered dot
-        (1, 192, 48, 64, 128, False),
-    ],
-)
-@pytest.mark.parametrize("split_k", [1, 3, 0], ids=["split1", "split3", "split_auto"])
-def test_triton_w4a16_group_dot_matches_reference(
-    triton_kernels: ModuleType,
-    device: torch.device,
-    dtype: torch.dtype,
-    m: int,
-    k: int,
-    n: int,
-    group_size: int,
-    block_k: int,
-    split_nibbles: bool,
-    split_k: int,
-) -> None:
-    from loraplex.kernels.triton.w4a16_group_dot import GroupDotTiles, launch_w4a16_group_dot
-
-    x, qweight, scales, zeros, _ = w4a16_inputs(m, k, n, group_size, False, dtype, device)
-    expected = reference.w4a16_gemm(x, qweight, scales, zeros, None, group_size)
-    tiles = GroupDotTiles(16, 16, block_k, 4, split_k=split_k, split_nibbles=split_nibbles)
-    got = launch_w4a16_group_dot(x, qweight, scales, zeros, group_size, tiles)
-    assert got.dtype == dtype and got.shape == (m, n)
-    tol = TOLERANCES[dtype]
-    torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
-
-
-def test_triton_w4a16_group_dot_rejects_bad_tiles(
-    triton_kernels: ModuleType, device: torch.device
-) -> None:
-    from loraplex.kernels.triton.w4a16_group_dot import GroupDotTiles, launch_w4a16_group_dot
-
-    x, qweight, scales, zeros, _ = w4a16_inputs(2, 128, 16, 64, False, torch.float32, device)
-    with pytest.raises(ValueError, match="split_k"):
-        launch_w4a16_group_dot(x, qweight, scales, zeros, 64, GroupDotTiles(16, 16, 64, 4, -1, split_nibbles=False))
-    with pytest.raises(ValueError, match="8 dots"):
-        launch_w4a16_group_dot(x, qweight, scales, zeros, 64, GroupDotTiles(16, 16, 64, 4, 1))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16], ids=str)
-@pytest.mark.parametrize(
     ("k", "n", "group_size", "act_order"), [(128, 40, 32, False), (64, 24, 16, True)]
 )
 def test_triton_w4a16_dequantize_equals_reference(
