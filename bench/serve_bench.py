@@ -16,8 +16,9 @@ requests reached the engine (its queue sampled from /metrics: EngineSampler), an
 spent the run: its steps, their mean length and tokens, and the share of the wall time spent in
 them (`engine_busy_share`; the offline run reports the same). Last, with
 the server stopped, the offline engine (`LLM.generate`) runs the
-same requests: the server's throughput at saturation is reported against it. Prompts are fresh
-random tokens for every rate (prefix caching would otherwise serve repeats).
+same requests: the server's throughput at saturation is reported against it, per saturated
+round and as their median (`--rates inf,inf,inf` for three). Prompts are fresh random tokens
+for every rate (prefix caching would otherwise serve repeats).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import random
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -431,7 +433,7 @@ def main() -> None:
             before, steps_before = server_cpu_seconds(server.pid), engine_counters(base_url)
             with ExitStack() as profiling:
                 if args.py_spy and not math.isfinite(rate):
-                    profiling.enter_context(PySpy(server.pid, Path(args.py_spy), "saturation"))
+                    profiling.enter_context(PySpy(server.pid, Path(args.py_spy), f"saturation{i}"))
                 sampler = profiling.enter_context(EngineSampler(base_url, args.sample_interval))
                 run = run_rate(
                     clients, args.client_processes, base_url, key[0], models, prompts, rate,
@@ -459,11 +461,15 @@ def main() -> None:
     results["offline"] = offline_run(model_dir, adapters, prompts, args.output_len, engine_args)
     print(json.dumps(results["offline"]), flush=True)
     offline = results["offline_output_tok_s"] = results["offline"]["output_tok_s"]
-    saturated = [r for r in results["rates"] if not math.isfinite(r["rate"])]
-    if saturated:
-        results["server_over_offline"] = saturated[0]["output_tok_s"] / offline
+    # Each saturated round's ratio, and their median (the figure the server is judged by:
+    # a first round can carry one-time costs that a long-running server has paid).
+    ratios = [r["output_tok_s"] / offline for r in results["rates"] if not math.isfinite(r["rate"])]
+    if ratios:
+        results["server_over_offline_rounds"] = ratios
+        results["server_over_offline"] = statistics.median(ratios)
     print(f"offline engine: {offline:.1f} output tok/s; server at saturation: "
-          f"{results.get('server_over_offline', float('nan')):.3f}x", flush=True)  # fmt: skip
+          f"{results.get('server_over_offline', float('nan')):.3f}x (median; rounds: "
+          f"{', '.join(f'{r:.3f}x' for r in ratios)})", flush=True)  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

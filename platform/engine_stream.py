@@ -108,7 +108,11 @@ class EngineStream:
         with anyio.CancelScope(shield=True):
             if not self._started:
                 self._pump_task.cancel()  # it never reached the engine
-            elif not self._done.is_set():
+            elif not self._done.is_set() and not (self.last is not None and self.last.finished):
+                # A reader that stops at the final output usually gets here before the pump
+                # has seen the engine's stream end: the engine holds nothing more by then, so
+                # there is nothing to abort (an abort would cost a message to the engine core
+                # per request).
                 await self._abort()
             if not self._done.is_set():
                 with anyio.move_on_after(CLOSE_TIMEOUT_S) as scope:
