@@ -23,6 +23,14 @@ requests, new requests wait for them. So successful look-ups are cached:
   cache. There are at most `max_entries` entries; when it is full, the oldest goes first.
 - A look-up started before a clear is not stored after it (`generation`). Without this, a row
   read just before a revocation's commit could be stored just after the clear, and outlive it.
+- Misses are looked up once (`load_tenant`, `load_adapter`): requests that miss the same entry
+  while its look-up is in flight wait for that look-up instead of starting their own. A burst
+  of requests on a cold or expired entry (every request of a burst, once the TTL has passed
+  since the last one) would otherwise send every one of them to the database through the
+  thread pool, and admission would queue behind those look-ups. A request that arrives after a
+  clear starts a look-up of its own, and a waiter that leaves (its client disconnected) does
+  not cancel the look-up for the others. A look-up that fails fails every request waiting on
+  it, and is not remembered.
 
 Credentials are keyed by their HMAC under the server's API-key secret (for a key, what the
 database stores), never by the credential itself.
@@ -30,13 +38,16 @@ database stores), never by the credential itself.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, TypeVar, cast
 
+import anyio
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import InstanceState, ORMExecuteState, Session, sessionmaker
 
@@ -79,10 +90,13 @@ class ModelEntry:
 
 
 CacheKey = CredentialEntry | ModelEntry
+Value = TypeVar("Value", TenantContext, AdapterRef | None)
+KeyT = TypeVar("KeyT", CredentialEntry, ModelEntry)
 
 
 class RegistryCache:
-    """Thread-safe: read on the event loop, filled and cleared from worker threads."""
+    """Thread-safe: read on the event loop, filled and cleared from worker threads. The
+    `load_*` methods run on one event loop (the server's)."""
 
     def __init__(
         self,
@@ -99,6 +113,8 @@ class RegistryCache:
             OrderedDict()
         )
         self._generation = 0
+        # Look-ups in flight, on the event loop: the generation each began at, and its task.
+        self._loading: dict[CacheKey, tuple[int, asyncio.Task[Any]]] = {}
 
     @property
     def generation(self) -> int:
@@ -124,6 +140,63 @@ class RegistryCache:
 
     def put_adapter(self, key: ModelEntry, adapter: AdapterRef, generation: int) -> None:
         self._put(key, adapter, generation, None)
+
+    async def load_tenant(
+        self, key: CredentialEntry, authenticate: Callable[[], TenantContext]
+    ) -> TenantContext:
+        """The cached tenant, else `authenticate()` run in the thread pool, once for all the
+        callers that miss this entry together; its tenant is remembered, its error raised."""
+        tenant = self.tenant(key)
+        if tenant is not None:
+            return tenant
+        return await self._load_once(key, authenticate, self.put_tenant)
+
+    async def load_adapter(
+        self, key: ModelEntry, resolve: Callable[[], AdapterRef | None]
+    ) -> AdapterRef | None:
+        """`load_tenant` for a model name: the cached adapter, else `resolve()` (None: no such
+        adapter, not remembered)."""
+        adapter = self.adapter(key)
+        if adapter is not None:
+            return adapter
+
+        def put(entry: ModelEntry, found: AdapterRef | None, generation: int) -> None:
+            if found is not None:
+                self.put_adapter(entry, found, generation)
+
+        return await self._load_once(key, resolve, put)
+
+    async def _load_once(
+        self,
+        key: KeyT,
+        load: Callable[[], Value],
+        put: Callable[[KeyT, Value, int], None],
+    ) -> Value:
+        if self.ttl_s <= 0:  # no cache: every caller reads the database itself
+            return await anyio.to_thread.run_sync(load)
+        generation = self._generation
+        loading = self._loading.get(key)
+        if loading is None or loading[0] != generation:  # none, or begun before a clear
+            task = asyncio.create_task(self._load(key, load, put, generation))
+            loading = self._loading[key] = (generation, task)
+        # Shielded: a caller that is cancelled leaves the look-up running for the others.
+        return cast(Value, await asyncio.shield(loading[1]))
+
+    async def _load(
+        self,
+        key: KeyT,
+        load: Callable[[], Value],
+        put: Callable[[KeyT, Value, int], None],
+        generation: int,
+    ) -> Value:
+        try:
+            value = await anyio.to_thread.run_sync(load)
+            put(key, value, generation)
+            return value
+        finally:
+            loading = self._loading.get(key)
+            if loading is not None and loading[1] is asyncio.current_task():
+                del self._loading[key]
 
     def clear(self) -> None:
         with self._lock:

@@ -9,10 +9,10 @@ cache and goes to the pool only on a miss.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Annotated
 
-import anyio
 from fastapi import Depends, Request, Response, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
@@ -141,14 +141,12 @@ async def get_current_tenant(
     _: Annotated[None, Depends(declare_tenant_credentials)],
 ) -> TenantContext:
     """The caller's tenant: from the registry cache when it has this credential (no thread, no
-    database), else authenticated in the thread pool and remembered."""
-    cache = state.registry_cache
+    database), else authenticated in the thread pool (once for a burst of requests with this
+    credential) and remembered."""
     entry = CredentialEntry(hash_api_key(credential, state.api_key_secret))
-    tenant = cache.tenant(entry)
-    if tenant is None:
-        generation = cache.generation
-        tenant = await anyio.to_thread.run_sync(_authenticate_tenant, state, credential)
-        cache.put_tenant(entry, tenant, generation)
+    tenant = await state.registry_cache.load_tenant(
+        entry, functools.partial(_authenticate_tenant, state, credential)
+    )
     request.state.tenant = tenant  # error responses carry the tenant's rate-limit headers too
     return tenant
 

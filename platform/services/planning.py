@@ -7,8 +7,6 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-import anyio
-
 from loraplex.engine.request import SamplingParams
 from loraplex.platform.auth import TenantContext
 from loraplex.platform.crud import AdapterRef, resolve_model
@@ -51,21 +49,12 @@ async def resolve_adapter(state: AppState, tenant: TenantContext, model: str) ->
     base = state.engine.model_name
     if model == base:
         return None
-    cache = state.registry_cache
-    entry = ModelEntry(tenant.tenant_id, model)
-    adapter = cache.adapter(entry)
-    if adapter is not None:
-        return adapter
-    generation = cache.generation
 
     def lookup() -> AdapterRef | None:
         with state.db.session() as session:
             return resolve_model(session, tenant.tenant_id, model, base)
 
-    adapter = await anyio.to_thread.run_sync(lookup)
-    if adapter is not None:
-        cache.put_adapter(entry, adapter, generation)
-    return adapter
+    return await state.registry_cache.load_adapter(ModelEntry(tenant.tenant_id, model), lookup)
 
 
 def check_prompt(state: AppState, prompt_token_ids: list[int], param: str) -> None:
