@@ -9,7 +9,9 @@ Greedy: `--num-prompts` prompts (word prefixes of the built-in demo corpus) cont
 for token, and the mean share of tokens equal before the first difference. Perplexity: each
 text (the demo corpus; this repository's docs/architecture.md, at most `--max-text-tokens`
 each) in windows of `--window` tokens, teacher-forced through the model's own forward, both
-models alike.
+models alike; on the same positions, the share where the two models' greedy next tokens agree
+(a per-token figure: free-running continuations part at their first near-tie and never
+rejoin, so whole-continuation equality says little on a small model).
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ def greedy(llm: LLM, prompts: list[str], output_len: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def perplexity(model: LlamaForCausalLM, ids: list[int], window: int) -> float:
-    """exp(mean NLL) over windows of `window` tokens, each a fresh single-sequence prefill."""
+def perplexity(model: LlamaForCausalLM, ids: list[int], window: int) -> tuple[float, list[int]]:
+    """(exp(mean NLL), the greedy next token at each position) over windows of `window`
+    tokens, each a fresh single-sequence prefill."""
     arch = model.arch
     num_blocks = -(-window // BLOCK_SIZE)
     shape = (num_blocks, BLOCK_SIZE, arch.num_key_value_heads, arch.head_dim)
@@ -74,6 +77,7 @@ def perplexity(model: LlamaForCausalLM, ids: list[int], window: int) -> float:
         for _ in range(arch.num_hidden_layers)
     ]
     nll, count = 0.0, 0
+    top1: list[int] = []
     for start in range(0, len(ids) - 1, window):
         chunk = ids[start : start + window]
         if len(chunk) < 2:
@@ -91,8 +95,9 @@ def perplexity(model: LlamaForCausalLM, ids: list[int], window: int) -> float:
         hidden = model(torch.tensor(chunk), torch.arange(n), ctx)
         logits = model.compute_logits(hidden[:-1])  # [n - 1, vocab] float32
         nll += F.cross_entropy(logits, torch.tensor(chunk[1:]), reduction="sum").item()
+        top1 += logits.argmax(dim=-1).tolist()
         count += n - 1
-    return math.exp(nll / count)
+    return math.exp(nll / count), top1
 
 
 def main() -> None:
@@ -123,6 +128,7 @@ def main() -> None:
         "output_len": args.output_len,
     }
     outputs = {}
+    top1: dict[tuple[str, str], list[int]] = {}
     runs = (("baseline", baseline_dir, None), ("quantized", model_dir, args.quantization))
     for name, path, quant in runs:
         start = time.perf_counter()
@@ -132,7 +138,7 @@ def main() -> None:
         model, _ = load_model(path, args.dtype, "cpu", quant)
         for text_name, text in texts.items():
             ids = tokenizer.encode(text)[: args.max_text_tokens]
-            ppl = perplexity(model, ids, args.window)
+            ppl, top1[name, text_name] = perplexity(model, ids, args.window)
             results[f"{name}_ppl_{text_name}"] = ppl
         print(f"{name}: done in {time.perf_counter() - start:.0f} s", flush=True)
     pairs = list(zip(outputs["baseline"], outputs["quantized"], strict=True))
@@ -147,6 +153,11 @@ def main() -> None:
     for text_name in texts:
         base, quant = results[f"baseline_ppl_{text_name}"], results[f"quantized_ppl_{text_name}"]
         print(f"perplexity on {text_name}: {base:.3f} -> {quant:.3f} ({quant / base - 1:+.2%})")
+        same = [a == b for a, b in zip(top1["baseline", text_name], top1["quantized", text_name],
+                                        strict=True)]  # fmt: skip
+        results[f"top1_agreement_{text_name}"] = agreement = sum(same) / len(same)
+        print(f"  greedy next token equal to the baseline's, teacher-forced: {agreement:.1%} "
+              f"of {len(same)} positions")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
