@@ -178,6 +178,8 @@ class RegistryCache:
         loading = self._loading.get(key)
         if loading is None or loading[0] != generation:  # none, or begun before a clear
             task = asyncio.create_task(self._load(key, load, put, generation))
+            # Its error is its waiters'; with none left (all cancelled) it is dropped quietly.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
             loading = self._loading[key] = (generation, task)
         # Shielded: a caller that is cancelled leaves the look-up running for the others.
         return cast(Value, await asyncio.shield(loading[1]))
