@@ -118,7 +118,8 @@ class RegistryCache:
 
     @property
     def generation(self) -> int:
-        """Read this before a database look-up; pass it to `put_tenant` or `put_adapter` after."""
+        """Counts the clears. `load_*` read it before a look-up and pass it to `put_*` after,
+        which store nothing if a clear came in between."""
         return self._generation
 
     def __len__(self) -> int:
