@@ -215,6 +215,38 @@ def torch_profile_decode(
     )
 
 
+def kernel_totals_run(
+    llm: LLM,
+    prompts: list[list[int]],
+    output_len: int,
+    loras: list[LoRARequest | None],
+    row_limit: int = 30,
+) -> str:
+    """GPU kernel time of one whole run of the workload, by kernel name (torch.profiler, CUDA
+    activity only): where a run's GPU time goes, prefill and decode steps together."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = SamplingParams(
+        max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False
+    )
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate(requests, params, lora_request=loras, use_tqdm=False)
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    rows.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    total_us = sum(e.self_device_time_total for e in rows)
+    lines = [f"GPU kernel time of the run: {total_us / 1e6:.3f} s"]
+    lines.append(f"{'ms':>10} {'share':>6} {'calls':>8} {'us/call':>8}  kernel")
+    for e in rows[:row_limit]:
+        ms = e.self_device_time_total / 1e3
+        share = e.self_device_time_total / total_us
+        per_call = e.self_device_time_total / max(e.count, 1)
+        lines.append(f"{ms:10.1f} {share:6.1%} {e.count:8d} {per_call:8.1f}  {e.key[:90]}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -269,6 +301,9 @@ def main() -> None:
     )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--torch-profile", help="write a torch.profiler table of one run here")
+    ap.add_argument(
+        "--kernel-totals", help="write the GPU kernel time of one whole run, per kernel, here"
+    )
     ap.add_argument("--decode-profile", help="write cProfile tables of the decode steps here")
     args = ap.parse_args()
 
@@ -385,6 +420,10 @@ def main() -> None:
         tok_s = num_out / seconds
         base_tok_s = base_tok_s or tok_s
         breakdown = breakdowns.get(count, {})
+        if args.kernel_totals and args.device == "cuda":
+            with open(args.kernel_totals, "a") as f:
+                f.write(f"=== {count} adapters: one whole run ===\n")
+                f.write(kernel_totals_run(llm, prompts, args.output_len, loras) + "\n")
         if args.torch_profile:
             with open(args.torch_profile, "a") as f:
                 f.write(f"=== {count} adapters ===\n")
