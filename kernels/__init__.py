@@ -14,6 +14,7 @@ from loraplex.kernels.dispatch import (
     reshape_and_cache,
     rms_norm,
     silu_and_mul,
+    silu_and_mul_lora,
     w4a16_gemm,
 )
 from loraplex.kernels.lora_mapping import build_lora_mapping
@@ -30,5 +31,6 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "silu_and_mul",
+    "silu_and_mul_lora",
     "w4a16_gemm",
 ]

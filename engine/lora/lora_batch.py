@@ -29,6 +29,10 @@ LoRA then waits for the GEMM, which hides it whole on decode steps; `finish` onl
     main stream:  ... | base GEMM  x -> y                  | join | norm(y + residual) ...
     side stream:      | shrink x -> lora_out | expand -> residual |
 
+SwiGLU (`silu_and_mul`): gate_up_proj's deltas are added inside the activation's kernel, which
+reads y once and writes silu(gate) * up, instead of an expand that reads and writes y before
+the activation reads it again (y is the widest output of a layer: [T, 2 x intermediate]).
+
 Tensor parallelism (`reduce`, docs/tensor_parallel.md): the row-parallel projections (o_proj,
 down_proj) shrink their input shard with A's matching columns, so lora_out is a partial sum:
 it is all-reduced ([num_tokens, rank], small) before the expand with the whole B, into the
@@ -47,7 +51,7 @@ import torch
 from loraplex.engine.distributed.tp_group import TPGroup
 from loraplex.engine.lora.adapter_pool import AdapterTables
 from loraplex.engine.lora.page_layout import NUM_SLICES, SLICES
-from loraplex.kernels import lora_expand, lora_shrink
+from loraplex.kernels import lora_expand, lora_shrink, silu_and_mul_lora
 
 # Steps of at most this many tokens shrink on the side stream (CUDA only).
 OVERLAP_MAX_TOKENS = 64
@@ -124,17 +128,20 @@ class LoRABatch:
         slice_sizes: tuple[int, ...],
         x: torch.Tensor,
         delta_into: torch.Tensor | None = None,
+        all_slices: bool = False,
     ) -> LoRAShrunk | None:
         """Shrink x for every adapted slice (on the side stream at decode sizes); x and
         `delta_into` must stay alive until `finish`. None when no slice is adapted.
 
         `delta_into`, shaped like y: a tensor the caller adds y to before anyone reads y (the
-        residual stream). The expand then adds the deltas there, right after the shrink."""
+        residual stream). The expand then adds the deltas there, right after the shrink.
+        `all_slices`: shrink every slice of the projection if any is adapted (the others have
+        rank 0 for every adapter of the step), for `silu_and_mul`, which takes both."""
         used = [i for i, name in enumerate(slice_names) if name in self.modules]
         if not used:
             return None
         assert delta_into is None or delta_into.shape == (x.shape[0], sum(slice_sizes))
-        lo, hi = used[0], used[-1] + 1
+        lo, hi = (0, len(slice_names)) if all_slices else (used[0], used[-1] + 1)
         first = SLICES.index(slice_names[0])
         slices = slice(first + lo, first + hi)
         shrunk = LoRAShrunk(
@@ -181,6 +188,28 @@ class LoRABatch:
             torch.cuda.current_stream(y.device).wait_event(shrunk.ready)
         if not shrunk.expanded:
             self._expand(shrunk, y)
+
+    def silu_and_mul(self, shrunk: LoRAShrunk, y: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of gate_up_proj's output y [T, 2I] with the deltas of `begin`'s
+        shrink (taken with `all_slices`) added on the way, never written back into y: one
+        pass over y instead of the expand's read and write plus the activation's read."""
+        assert not shrunk.expanded and shrunk.y_offset == 0 and len(shrunk.slice_sizes) == 2
+        if shrunk.ready is not None:
+            torch.cuda.current_stream(y.device).wait_event(shrunk.ready)
+        pool = self.pool
+        return silu_and_mul_lora(
+            y,
+            shrunk.lora_out,
+            pool.pages[shrunk.layer_idx],
+            pool.page_table,
+            pool.first_b[shrunk.slices],
+            pool.ranks[shrunk.slices],
+            pool.scalings,
+            self.slot_adapters,
+            self.num_active_slots,
+            self.sorted_token_ids,
+            self.slot_start_loc,
+        )
 
     def _shrink_buffer(
         self, layer_idx: int, first_name: str, slices: slice, x: torch.Tensor

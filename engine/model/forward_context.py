@@ -36,7 +36,9 @@ class LoRAApplier(Protocol):
     `begin` (the shrink, x @ A.T) is called before the projection's GEMM so the two may
     overlap, and returns an opaque handle (None: nothing to add); `finish` adds the expanded,
     scaled deltas into y (or, given `delta_into` at `begin`, a tensor the caller adds y to next,
-    into that one already, and only waits for them).
+    into that one already, and only waits for them). `silu_and_mul` takes the place of `finish`
+    for gate_up_proj: the activation of y with the deltas (of a `begin` with `all_slices`)
+    added on the way.
     """
 
     def begin(
@@ -46,9 +48,12 @@ class LoRAApplier(Protocol):
         slice_sizes: tuple[int, ...],
         x: torch.Tensor,
         delta_into: torch.Tensor | None = None,
+        all_slices: bool = False,
     ) -> Any: ...
 
     def finish(self, shrunk: Any, y: torch.Tensor) -> None: ...
+
+    def silu_and_mul(self, shrunk: Any, y: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass

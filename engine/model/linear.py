@@ -19,6 +19,8 @@ before adding its bias, once.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -101,6 +103,16 @@ class MergedLinear(nn.Module):
         y = self._linear(x)
         ctx.lora.finish(shrunk, y)
         return y
+
+    def forward_unexpanded(self, x: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, Any]:
+        """(y = x @ W.T (+ b) without the LoRA deltas, the step's shrink of x over every slice,
+        an opaque handle, or None): for a consumer that adds the deltas itself (`LoRABatch.silu_and_mul`)."""
+        if ctx.lora is None:
+            return self._linear(x), None
+        shrunk = ctx.lora.begin(
+            self.layer_idx, self.slice_names, self.slice_sizes, x, all_slices=True
+        )
+        return self._linear(x), shrunk
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
         if self.reduce is not None:  # row-parallel: partial sums, then the bias once

@@ -62,8 +62,15 @@ class MLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, residual: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden_size] -> [T, hidden_size]; down_proj's LoRA deltas go into `residual`"""
-        return self.down_proj(self.act_fn(self.gate_up_proj(x, ctx)), ctx, residual)
+        """x [T, hidden_size] -> [T, hidden_size]; down_proj's LoRA deltas go into `residual`,
+        gate_up_proj's are added inside the activation"""
+        gate_up, shrunk = self.gate_up_proj.forward_unexpanded(x, ctx)
+        if shrunk is None:
+            hidden = self.act_fn(gate_up)
+        else:
+            assert ctx.lora is not None
+            hidden = ctx.lora.silu_and_mul(shrunk, gate_up)
+        return self.down_proj(hidden, ctx, residual)
 
 
 class DecoderLayer(nn.Module):

@@ -7,7 +7,7 @@ from loraplex.kernels.reference.fused_ops import (
     rms_norm,
     silu_and_mul,
 )
-from loraplex.kernels.reference.lora import lora_expand, lora_shrink
+from loraplex.kernels.reference.lora import lora_expand, lora_shrink, silu_and_mul_lora
 from loraplex.kernels.reference.paged_attention import paged_attention, reshape_and_cache
 from loraplex.kernels.reference.w4a16 import dequantize_w4, w4a16_dequantize, w4a16_gemm
 
@@ -23,6 +23,7 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "silu_and_mul",
+    "silu_and_mul_lora",
     "w4a16_dequantize",
     "w4a16_gemm",
 ]

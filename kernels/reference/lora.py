@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import torch
 
+from loraplex.kernels.reference.fused_ops import silu_and_mul
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -178,3 +180,29 @@ def lora_expand(
             cols = slice(starts[i], starts[i] + size)
             rows = y[token_ids, cols].float() + (lo[i, :, :rank] @ b_t.float()) * scale[adapter]
             y[token_ids, cols] = rows.to(y.dtype)
+
+
+def silu_and_mul_lora(
+    x: torch.Tensor,  # [num_tokens, 2 * intermediate]: the gate_up GEMM's output, [gate | up]
+    lora_out: torch.Tensor,  # [2, num_tokens, max_rank] float32: gate's and up's shrink
+    pages: torch.Tensor,  # [num_pages, page_size]
+    page_table: torch.Tensor,  # [num_adapters, max_pages] int32
+    first_page: torch.Tensor,  # [2, num_adapters] int32: first page of B_gate^T, B_up^T
+    lora_ranks: torch.Tensor,  # [2, num_adapters] int32
+    scalings: torch.Tensor,  # [num_adapters] float32
+    slot_adapters: torch.Tensor,  # [num_slots] int32
+    num_active_slots: torch.Tensor,  # [1] int32
+    sorted_token_ids: torch.Tensor,  # [num_tokens] int32
+    slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
+) -> torch.Tensor:
+    """`silu_and_mul` of x after `lora_expand` of its two slices (gate, up) into it ->
+    [num_tokens, intermediate] in x's dtype; x is left as it was. The Triton kernel fuses the
+    two and never writes the sum back."""
+    assert x.dim() == 2 and x.shape[1] % 2 == 0, "x must be [num_tokens, 2 * intermediate]"
+    assert lora_out.shape[0] == 2, "lora_out must hold the gate and up slices"
+    intermediate = x.shape[1] // 2
+    tables = (pages, page_table, first_page, lora_ranks, scalings)
+    mapping = (slot_adapters, num_active_slots, sorted_token_ids, slot_start_loc)
+    y = x.clone()
+    lora_expand(lora_out, *tables, *mapping, y, 0, (intermediate, intermediate))
+    return silu_and_mul(y)

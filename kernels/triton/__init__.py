@@ -8,6 +8,7 @@ from loraplex.kernels.triton.reshape_and_cache import reshape_and_cache
 from loraplex.kernels.triton.rms_norm import fused_add_rms_norm, rms_norm
 from loraplex.kernels.triton.rotary import apply_rotary_pos_emb
 from loraplex.kernels.triton.silu_and_mul import silu_and_mul
+from loraplex.kernels.triton.silu_and_mul_lora import silu_and_mul_lora
 from loraplex.kernels.triton.w4a16 import w4a16_gemm
 from loraplex.kernels.triton.w4a16_dequantize import w4a16_dequantize
 
@@ -21,6 +22,7 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "silu_and_mul",
+    "silu_and_mul_lora",
     "w4a16_dequantize",
     "w4a16_gemm",
 ]

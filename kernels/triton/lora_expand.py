@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.triton.launch_checks import check, check_one_device
-from loraplex.kernels.triton.lora_pages import matrix_ptrs, page_rows
+from loraplex.kernels.triton.lora_pages import lora_delta
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
     rank_block,
@@ -149,24 +149,10 @@ def expand_column_tile(  # type: ignore[no-untyped-def]
     y_ptrs = y_rows + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     y = tl.load(y_ptrs, mask=mask, other=0.0)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k_start in range(0, rank, BLOCK_K):
-        k = k_start + offs_k  # [BLOCK_K] rank rows of B^T
-        mask_k = k < rank
-        mask_b = mask_k[:, None] & mask_n[None, :]
-        if SPLIT_ROWS:
-            b_ptrs = matrix_ptrs(
-                pages_ptr, adapter_pages, first, k[:, None], offs_n[None, :], mask_b, width,
-                page_size, stride_pp,
-            )  # fmt: skip
-        else:
-            row_base = page_rows(adapter_pages, first, k, mask_k, width, page_size, stride_pp)
-            b_ptrs = pages_ptr + row_base[:, None] + offs_n[None, :]
-        b = tl.load(b_ptrs, mask=mask_b, other=0.0)  # [BLOCK_K, BLOCK_N]
-        lo_mask = mask_m[:, None] & mask_k[None, :]
-        lo = tl.load(lo_rows + k[None, :], mask=lo_mask, other=0.0)  # [BLOCK_M, BLOCK_K]
-        acc = tl.dot(lo.to(b.dtype), b, acc, input_precision=DOT_PRECISION)
+    acc = lora_delta(
+        offs_n, mask_n, lo_rows, mask_m, rank, pages_ptr, adapter_pages, first, width,
+        page_size, stride_pp, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, DOT_PRECISION,
+    )  # fmt: skip
     tl.store(y_ptrs, (y.to(tl.float32) + acc * scaling).to(y.dtype), mask=mask)
 
 

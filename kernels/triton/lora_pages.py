@@ -9,6 +9,9 @@ rows_per_page = page_size // row_len to a page, and a row is contiguous:
 Longer rows take pages_per_row = cdiv(row_len, page_size) pages of their own:
 
     element (j, c) -> page first + j * pages_per_row + c // page_size, offset c % page_size
+
+`lora_delta` is the expand's inner product over those pages (a tile of lora_out times a tile of
+an adapter's B^T), shared by `lora_expand` and `silu_and_mul_lora`.
 """
 
 from __future__ import annotations
@@ -40,3 +43,45 @@ def matrix_ptrs(  # type: ignore[no-untyped-def]
     blocks = tl.load(adapter_pages + page, mask=mask, other=0)
     offset = (rows % per_page) * row_len + cols % page_size
     return pages_ptr + blocks.to(tl.int64) * stride_pp + offset
+
+
+@triton.jit
+def lora_delta(  # type: ignore[no-untyped-def]
+    offs_n,  # [BLOCK_N] columns of the slice
+    mask_n,
+    lo_rows,  # [BLOCK_M, 1] pointers to the token rows of lora_out[slice]
+    mask_m,
+    rank,
+    pages_ptr,
+    adapter_pages,
+    first,
+    width,
+    page_size,
+    stride_pp,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_ROWS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """lora_out[rows, :rank] @ B^T[:rank, offs_n], unscaled, float32 [BLOCK_M, BLOCK_N]; zero
+    (and nothing read) when rank is 0."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k_start in range(0, rank, BLOCK_K):
+        k = k_start + offs_k  # [BLOCK_K] rank rows of B^T
+        mask_k = k < rank
+        mask_b = mask_k[:, None] & mask_n[None, :]
+        if SPLIT_ROWS:
+            b_ptrs = matrix_ptrs(
+                pages_ptr, adapter_pages, first, k[:, None], offs_n[None, :], mask_b, width,
+                page_size, stride_pp,
+            )  # fmt: skip
+        else:
+            row_base = page_rows(adapter_pages, first, k, mask_k, width, page_size, stride_pp)
+            b_ptrs = pages_ptr + row_base[:, None] + offs_n[None, :]
+        b = tl.load(b_ptrs, mask=mask_b, other=0.0)  # [BLOCK_K, BLOCK_N]
+        lo_mask = mask_m[:, None] & mask_k[None, :]
+        lo = tl.load(lo_rows + k[None, :], mask=lo_mask, other=0.0)  # [BLOCK_M, BLOCK_K]
+        acc = tl.dot(lo.to(b.dtype), b, acc, input_precision=DOT_PRECISION)
+    return acc

@@ -63,6 +63,20 @@ def past_last_tile(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def _find_tile(  # type: ignore[no-untyped-def]
+    tile, offs, starts, ends, num_tiles, BLOCK_M: tl.constexpr
+):
+    """(slot mask, m_start, seg_end) of `tile`, given each slot's number of tiles."""
+    tiles_end = tl.cumsum(num_tiles, 0)  # inclusive: slot s owns tiles [end - n, end)
+    slot = tl.sum((tiles_end <= tile).to(tl.int32), 0)
+    here = offs == slot  # all False past the last tile: m_start = seg_end = 0
+    first = starts + (tile - tiles_end + num_tiles) * BLOCK_M
+    m_start = tl.sum(tl.where(here, first, 0), 0)
+    seg_end = tl.sum(tl.where(here, ends, 0), 0)
+    return here, m_start, seg_end
+
+
+@triton.jit
 def segment_tile(  # type: ignore[no-untyped-def]
     tile,
     slot_start_loc_ptr,
@@ -82,15 +96,33 @@ def segment_tile(  # type: ignore[no-untyped-def]
     adapters = tl.load(slot_adapters_ptr + offs, mask=valid, other=0)
     ranks = tl.load(ranks_ptr + adapters, mask=valid, other=0)
     num_tiles = tl.where(ranks > 0, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
-    tiles_end = tl.cumsum(num_tiles, 0)  # inclusive: slot s owns tiles [end - n, end)
-    slot = tl.sum((tiles_end <= tile).to(tl.int32), 0)
-    here = offs == slot  # all False past the last tile: m_start = seg_end = 0
-    first = starts + (tile - tiles_end + num_tiles) * BLOCK_M
-    m_start = tl.sum(tl.where(here, first, 0), 0)
-    seg_end = tl.sum(tl.where(here, ends, 0), 0)
+    here, m_start, seg_end = _find_tile(tile, offs, starts, ends, num_tiles, BLOCK_M)
     rank = tl.sum(tl.where(here, ranks, 0), 0)
     adapter = tl.sum(tl.where(here, adapters, 0), 0)
     return adapter, m_start, seg_end, rank
+
+
+@triton.jit
+def slot_tile(  # type: ignore[no-untyped-def]
+    tile,
+    slot_start_loc_ptr,
+    slot_adapters_ptr,
+    num_active,
+    BLOCK_M: tl.constexpr,
+    SLOTS: tl.constexpr,
+):
+    """(adapter, m_start, seg_end) of a tile over every active slot's segment, whatever its
+    adapter's ranks (`segment_tile` counts only the slots with a rank for one slice): for a
+    kernel that must visit every adapted token."""
+    offs = tl.arange(0, SLOTS)
+    valid = offs < num_active
+    starts = tl.load(slot_start_loc_ptr + offs, mask=valid, other=0)
+    ends = tl.load(slot_start_loc_ptr + offs + 1, mask=valid, other=0)
+    adapters = tl.load(slot_adapters_ptr + offs, mask=valid, other=0)
+    num_tiles = (ends - starts + BLOCK_M - 1) // BLOCK_M
+    here, m_start, seg_end = _find_tile(tile, offs, starts, ends, num_tiles, BLOCK_M)
+    adapter = tl.sum(tl.where(here, adapters, 0), 0)
+    return adapter, m_start, seg_end
 
 
 @triton.jit

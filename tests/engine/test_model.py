@@ -14,6 +14,7 @@ from loraplex.engine.model import ForwardContext, LlamaForCausalLM, load_model
 from loraplex.engine.model.forward_context import AttentionMetadata
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.tokenizer import Tokenizer
+from loraplex.kernels import silu_and_mul
 from loraplex.platform.settings import Settings
 from tests.checkpoints import CheckpointFactory
 
@@ -173,11 +174,12 @@ def test_packed_mixed_prefill_decode_step_matches_hf(
 
 
 class RecordingLoRA:
-    """A LoRAApplier that records its calls (with whether a residual came as `delta_into`) and
-    adds a known delta to o_proj of layer 0: into y, or into the residual if one came."""
+    """A LoRAApplier that records its calls (with whether a residual came as `delta_into`, and
+    how the call ended: `finish`, or `silu_and_mul` after a `begin` with `all_slices`) and adds
+    a known delta to o_proj of layer 0: into y, or into the residual if one came."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[int, tuple[str, ...], tuple[int, ...], int, bool, int]] = []
+        self.calls: list[tuple[int, tuple[str, ...], tuple[int, ...], int, bool, int, str]] = []
 
     def apply(
         self,
@@ -196,17 +198,25 @@ class RecordingLoRA:
         slice_sizes: tuple[int, ...],
         x: torch.Tensor,
         delta_into: torch.Tensor | None = None,
+        all_slices: bool = False,
     ) -> tuple:
         if delta_into is not None:
             assert delta_into.shape == (x.shape[0], sum(slice_sizes))
             if layer_idx == 0 and slice_names == ("o_proj",):
                 delta_into.add_(1.0)
-        return (layer_idx, slice_names, slice_sizes, x.shape[-1], delta_into is not None)
+        shrunk = (layer_idx, slice_names, slice_sizes, x.shape[-1], delta_into is not None)
+        return (*shrunk, all_slices)
 
     def finish(self, shrunk: tuple, y: torch.Tensor) -> None:
-        self.calls.append((*shrunk, y.shape[-1]))
+        assert not shrunk[5], "a begin with all_slices ends in silu_and_mul"
+        self.calls.append((*shrunk[:5], y.shape[-1], "finish"))
         if shrunk[0] == 0 and shrunk[1] == ("o_proj",) and not shrunk[4]:
             y.add_(1.0)
+
+    def silu_and_mul(self, shrunk: tuple, y: torch.Tensor) -> torch.Tensor:
+        assert shrunk[5], "silu_and_mul needs the shrink of every slice"
+        self.calls.append((*shrunk[:5], y.shape[-1], "silu_and_mul"))
+        return silu_and_mul(y)
 
 
 def test_projections_call_the_lora_applier(llama_checkpoint: Path) -> None:
@@ -216,12 +226,13 @@ def test_projections_call_the_lora_applier(llama_checkpoint: Path) -> None:
     with_lora = PagedKV(cfg, 4, torch.float32).step(model, [SeqChunk(ids, [2, 0], 0, 6)], lora)
     base = PagedKV(cfg, 4, torch.float32).step(model, [SeqChunk(ids, [2, 0], 0, 6)])
     h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    # o_proj and down_proj hand their deltas to the residual stream; qkv and gate_up to y.
+    # o_proj and down_proj hand their deltas to the residual stream, qkv to y, gate_up to the
+    # activation.
     per_layer = [
-        (("q_proj", "k_proj", "v_proj"), (q, kv, kv), h, False, q + 2 * kv),
-        (("o_proj",), (h,), q, True, h),
-        (("gate_proj", "up_proj"), (inter, inter), h, False, 2 * inter),
-        (("down_proj",), (h,), inter, True, h),
+        (("q_proj", "k_proj", "v_proj"), (q, kv, kv), h, False, q + 2 * kv, "finish"),
+        (("o_proj",), (h,), q, True, h, "finish"),
+        (("gate_proj", "up_proj"), (inter, inter), h, False, 2 * inter, "silu_and_mul"),
+        (("down_proj",), (h,), inter, True, h, "finish"),
     ]
     assert lora.calls == [(i, *call) for i in range(cfg.num_hidden_layers) for call in per_layer]
     assert not torch.allclose(with_lora, base)  # the in-place delta reached the output
@@ -239,8 +250,9 @@ def test_a_delta_into_the_residual_equals_the_same_delta_into_y(llama_checkpoint
             slice_sizes: tuple[int, ...],
             x: torch.Tensor,
             delta_into: torch.Tensor | None = None,
+            all_slices: bool = False,
         ) -> tuple:
-            return super().begin(layer_idx, slice_names, slice_sizes, x)
+            return super().begin(layer_idx, slice_names, slice_sizes, x, all_slices=all_slices)
 
     model, cfg = load_model(llama_checkpoint, dtype="float32", device="cpu")
     ids = random_ids(cfg.vocab_size, 6, seed=5)
