@@ -173,3 +173,23 @@ def test_each_tile_row_at_any_size(group: str, row: int) -> None:
     args = (actual, Y_OFFSET, inputs.slice_sizes, expand_tiles)
     launch_lora_expand(lora_out, *inputs.expand_tables, *args)
     assert_close(actual, expected, ROUNDED[torch.bfloat16])
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("num_tokens", [1, 64, 256, 4096])
+@pytest.mark.parametrize("page_size", [PAGE_SIZE, SMALL_PAGE_SIZE], ids=["rows-fit", "rows-span"])
+def test_silu_and_mul_lora_matches_reference(
+    triton_kernels: ModuleType, num_tokens: int, page_size: int, dtype: torch.dtype
+) -> None:
+    """gate_up's expand fused into the activation, every tile row (4,096 tokens: the prefill
+    row), on llama3_inputs' slots (one targeting neither slice, one without up_proj)."""
+    inputs = llama3_inputs("gate_up", 16, num_tokens, dtype, page_size=page_size)
+    lora_out = poisoned_lora_out(inputs)
+    x = torch.randn(num_tokens, 2 * inputs.slice_sizes[0], device=CUDA).to(dtype)
+    tables = (inputs.pages, inputs.page_table, inputs.first_b, inputs.lora_ranks)
+    args = (x, lora_out, *tables, inputs.scalings, *inputs.mapping)
+    assert_close(
+        triton_kernels.silu_and_mul_lora(*args),
+        reference.silu_and_mul_lora(*args),
+        ROUNDED[dtype],
+    )
