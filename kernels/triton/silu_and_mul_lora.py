@@ -17,18 +17,28 @@ Every token must be visited, adapted or not, so the programs' row tiles come in 
                    puts last: sorted_token_ids[slot_start_loc[num_active]:].
 
 Both counts are shape-only bounds (CUDA-graph friendly); programs past the step's own tiles
-return at once. Tiles are `lora_expand`'s table (`EXPAND_TILES`), column runs included: the
-kernel does the expand's work plus an elementwise tail.
+return at once.
+
+Tiles (`SILU_LORA_TILES`, `lora_expand`'s `ExpandTiles` keyed by the number of tokens): a
+program holds four [BLOCK_M, BLOCK_N] float32 tiles (gate, up and their deltas), twice the
+expand's, so the prefill row's 64 x 128 tiles take 8 warps to stay in registers. Column runs
+(a program walks `run` column tiles, from `target_programs`) only for mid-sized steps, where
+a step of many adapters has thousands of small segment tiles; a decode step or a prefill step
+has few segment tiles and wants one column tile per program, for as many loads in flight as
+the GPU holds.
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Final
 
 import torch
 import triton
 import triton.language as tl
 
 from loraplex.kernels.triton.launch_checks import check, check_one_device
-from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles
+from loraplex.kernels.triton.lora_expand import ExpandTiles
 from loraplex.kernels.triton.lora_pages import lora_delta
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
@@ -38,8 +48,20 @@ from loraplex.kernels.triton.lora_segments import (
     segment_token_ids,
     slot_tile,
 )
+from loraplex.kernels.triton.tile_table import TileTable
 
 OP = "silu_and_mul_lora"
+
+SILU_LORA_TILES: Final = TileTable(
+    (
+        (64, ExpandTiles(16, 128, max_block_k=16, num_warps=4, num_stages=2)),
+        (
+            2048,
+            ExpandTiles(16, 128, max_block_k=64, num_warps=4, num_stages=2, target_programs=4096),
+        ),
+        (sys.maxsize, ExpandTiles(64, 128, max_block_k=64, num_warps=8, num_stages=2)),
+    )
+)
 
 
 @triton.jit
@@ -188,10 +210,10 @@ def silu_and_mul_lora(
     slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
 ) -> torch.Tensor:
     """`silu_and_mul` of x after `lora_expand` of its two slices into it -> [num_tokens, I] in
-    x's dtype (a new tensor; x is left as it was). EXPAND_TILES' row for the number of tokens."""
+    x's dtype (a new tensor; x is left as it was). SILU_LORA_TILES' row for the number of tokens."""
     tables = (page_table, first_page, lora_ranks, scalings, slot_adapters, num_active_slots)
     mapping = (sorted_token_ids, slot_start_loc)
-    tiles = EXPAND_TILES.lookup(x.shape[0])
+    tiles = SILU_LORA_TILES.lookup(x.shape[0])
     return launch_silu_and_mul_lora(x, lora_out, pages, *tables, *mapping, tiles)
 
 

@@ -188,8 +188,18 @@ def test_silu_and_mul_lora_matches_reference(
     x = torch.randn(num_tokens, 2 * inputs.slice_sizes[0], device=CUDA).to(dtype)
     tables = (inputs.pages, inputs.page_table, inputs.first_b, inputs.lora_ranks)
     args = (x, lora_out, *tables, inputs.scalings, *inputs.mapping)
-    assert_close(
-        triton_kernels.silu_and_mul_lora(*args),
-        reference.silu_and_mul_lora(*args),
-        ROUNDED[dtype],
-    )
+    actual = triton_kernels.silu_and_mul_lora(*args)
+    expected = reference.silu_and_mul_lora(*args)
+    # The kernel's delta rounds lora_out to the weights' dtype before the dot, the reference's
+    # does not: gate + delta and up + delta may round one step apart (at |v| ~ 4, 1/32 in bf16),
+    # and the product carries that step times the other factor. So the tolerance scales with
+    # both factors, not with their product (which is ~0 where either factor is).
+    gate_up = x.clone()
+    sizes = (inputs.slice_sizes[0],) * 2
+    reference.lora_expand(lora_out, *inputs.expand_tables, gate_up, 0, sizes)
+    gate, up = gate_up.float().chunk(2, dim=1)
+    scale = (torch.nn.functional.silu(gate).abs() + 1) * (up.abs() + 1)
+    tol = ROUNDED[dtype]
+    error = (actual.float() - expected.float()).abs()
+    assert not actual.isnan().any()
+    assert (error <= tol.atol + tol.rtol * scale).all(), f"max error {error.max().item()}"

@@ -17,8 +17,8 @@ import torch
 
 from loraplex.kernels.reference import lora as reference
 from loraplex.kernels.reference.fused_ops import silu_and_mul
-from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles
-from loraplex.kernels.triton.silu_and_mul_lora import launch_silu_and_mul_lora
+from loraplex.kernels.triton.lora_expand import ExpandTiles
+from loraplex.kernels.triton.silu_and_mul_lora import SILU_LORA_TILES, launch_silu_and_mul_lora
 from tests.kernels.lora_inputs import (
     LoRACase,
     LoRAKernelInputs,
@@ -40,7 +40,7 @@ CASES = {
     "mid-sized": lora_case([[16, 4], [16, 4]], [50, 17], 6, 16, (INTER, INTER), 256),
 }
 VARIANTS: dict[str, ExpandTiles] = {
-    **{f"row{i}": tiles for i, (_, tiles) in enumerate(EXPAND_TILES.rows)},
+    **{f"row{i}": tiles for i, (_, tiles) in enumerate(SILU_LORA_TILES.rows)},
     "column-runs-1": ExpandTiles(16, 32, max_block_k=16, num_warps=4, num_stages=2, target_programs=1),
     "column-runs-5": ExpandTiles(16, 32, max_block_k=16, num_warps=4, num_stages=2, target_programs=5),
 }  # fmt: skip
