@@ -19,13 +19,11 @@ Every token must be visited, adapted or not, so the programs' row tiles come in 
 Both counts are shape-only bounds (CUDA-graph friendly); programs past the step's own tiles
 return at once.
 
-Tiles (`SILU_LORA_TILES`, `lora_expand`'s `ExpandTiles` keyed by the number of tokens): a
-program holds four [BLOCK_M, BLOCK_N] float32 tiles (gate, up and their deltas), twice the
-expand's, so the prefill row's 64 x 128 tiles take 8 warps to stay in registers. Column runs
-(a program walks `run` column tiles, from `target_programs`) only for mid-sized steps, where
-a step of many adapters has thousands of small segment tiles; a decode step or a prefill step
-has few segment tiles and wants one column tile per program, for as many loads in flight as
-the GPU holds.
+Tiles (`SILU_LORA_TILES`, `lora_expand`'s `ExpandTiles` keyed by the number of tokens): 16-row
+tiles at every size, each program walking a run of column tiles. The rows are
+bench/silu_lora_tiles.py's H200 sweep (bench/results/h200-48af144-silu-lora): within 4% of the
+best candidate at each size from 64 to 4,096 tokens; 32- and 64-row tiles and 8 warps, which
+hold more float32 tiles per thread, were slower from 1,024 tokens on.
 """
 
 from __future__ import annotations
@@ -54,12 +52,11 @@ OP = "silu_and_mul_lora"
 
 SILU_LORA_TILES: Final = TileTable(
     (
-        (64, ExpandTiles(16, 128, max_block_k=16, num_warps=4, num_stages=2)),
+        (64, ExpandTiles(16, 128, max_block_k=16, num_warps=4, num_stages=2, target_programs=1024)),
         (
-            2048,
+            sys.maxsize,
             ExpandTiles(16, 128, max_block_k=64, num_warps=4, num_stages=2, target_programs=4096),
         ),
-        (sys.maxsize, ExpandTiles(64, 128, max_block_k=64, num_warps=8, num_stages=2)),
     )
 )
 
