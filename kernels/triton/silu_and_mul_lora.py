@@ -22,8 +22,8 @@ return at once.
 Tiles (`SILU_LORA_TILES`, `lora_expand`'s `ExpandTiles` keyed by the number of tokens): 16-row
 tiles at every size, each program walking a run of column tiles. The rows are
 bench/silu_lora_tiles.py's H200 sweep (bench/results/h200-48af144-silu-lora): within 4% of the
-best candidate at each size from 64 to 4,096 tokens; 32- and 64-row tiles and 8 warps, which
-hold more float32 tiles per thread, were slower from 1,024 tokens on.
+best candidate at each size from 64 to 4,096 tokens (32-row tiles were the best at 2,048 and
+4,096, by 3-4%); 64-row tiles and 8 warps were slower at every size.
 """
 
 from __future__ import annotations
