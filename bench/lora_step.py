@@ -1,12 +1,14 @@
-"""The LoRA work of a Llama-3-8B step as the engine runs it, for bench/kernels_bench.py.
+"""The LoRA work of a Llama-3-8B step, for bench/kernels_bench.py (gate_up unfused: see below).
 
 By default 8 adapters of rank 16 on all 7 modules of all 32 layers (an `AdapterMix` sets the
 count, the ranks taken in turn and the modules), resident in an AdapterPool over a pages tensor
 of exactly the blocks they take (the KV cache's blocks at block_size 16: pages of
 2 x 16 x 8 KV heads x 128 = 32768 elements, so every row of A and B^T fits a page). Each
-projection of each layer runs as MergedLinear runs it: `LoRABatch.begin` (the shrink; on the side
-stream at <= 64 tokens), the base GEMM, `LoRABatch.finish`, with o_proj's and down_proj's deltas
-going into the residual stream.
+projection of each layer runs as MergedLinear.forward runs it: `LoRABatch.begin` (the shrink; on
+the side stream at <= 64 tokens), the base GEMM, `LoRABatch.finish`, with o_proj's and
+down_proj's deltas going into the residual stream. The engine's gate_up_proj instead hands its
+deltas to the activation (`LoRABatch.silu_and_mul`); here it takes the expand into y, so these
+figures leave out the activation (bench/silu_lora_tiles.py times the fused kernel).
 """
 
 from __future__ import annotations
