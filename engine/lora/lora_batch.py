@@ -196,20 +196,7 @@ class LoRABatch:
         assert not shrunk.expanded and shrunk.y_offset == 0 and len(shrunk.slice_sizes) == 2
         if shrunk.ready is not None:
             torch.cuda.current_stream(y.device).wait_event(shrunk.ready)
-        pool = self.pool
-        return silu_and_mul_lora(
-            y,
-            shrunk.lora_out,
-            pool.pages[shrunk.layer_idx],
-            pool.page_table,
-            pool.first_b[shrunk.slices],
-            pool.ranks[shrunk.slices],
-            pool.scalings,
-            self.slot_adapters,
-            self.num_active_slots,
-            self.sorted_token_ids,
-            self.slot_start_loc,
-        )
+        return silu_and_mul_lora(y, shrunk.lora_out, *self._expand_tables(shrunk))
 
     def _shrink_buffer(
         self, layer_idx: int, first_name: str, slices: slice, x: torch.Tensor
@@ -225,19 +212,21 @@ class LoRABatch:
         return self._buffer[layer_idx, slices]
 
     def _expand(self, shrunk: LoRAShrunk, y: torch.Tensor) -> None:
-        pool = self.pool
-        lora_expand(
-            shrunk.lora_out,
+        tables = self._expand_tables(shrunk)
+        lora_expand(shrunk.lora_out, *tables, y, shrunk.y_offset, shrunk.slice_sizes)
+
+    def _expand_tables(self, shrunk: LoRAShrunk) -> tuple[torch.Tensor, ...]:
+        """The expand's arguments between lora_out and y: the layer's pages, B's tables for the
+        shrink's slices, the scalings and the step's mapping."""
+        pool, rows = self.pool, shrunk.slices
+        return (
             pool.pages[shrunk.layer_idx],
             pool.page_table,
-            pool.first_b[shrunk.slices],
-            pool.ranks[shrunk.slices],
+            pool.first_b[rows],
+            pool.ranks[rows],
             pool.scalings,
             self.slot_adapters,
             self.num_active_slots,
             self.sorted_token_ids,
             self.slot_start_loc,
-            y,
-            shrunk.y_offset,
-            shrunk.slice_sizes,
         )

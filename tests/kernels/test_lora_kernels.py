@@ -24,6 +24,8 @@ from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles, launc
 from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, ShrinkTiles, launch_lora_shrink
 from loraplex.kernels.triton.tile_table import TileTable
 from tests.kernels.lora_inputs import (
+    ATOL,
+    DTYPES,
     NAN,
     SENTINEL,
     LoRACase,
@@ -34,17 +36,6 @@ from tests.kernels.lora_inputs import (
     poisoned_lora_out,
     random_y,
 )
-
-BF16 = pytest.param(
-    torch.bfloat16,
-    id="bf16",
-    marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="Triton's CPU interpreter has no bfloat16 tl.dot"
-    ),
-)
-DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"), BF16]
-# Absolute tolerance of Triton vs reference, per input dtype (values are O(1)).
-ATOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
 
 # Tiles passed explicitly: each table row, and shapes no row has. "split-k" splits the inputs'
 # in_dim (200) over 7 programs, the last one partial, with rank tiles up to 64; "wide-rank-steps"

@@ -20,6 +20,8 @@ from loraplex.kernels.reference.fused_ops import silu_and_mul
 from loraplex.kernels.triton.lora_expand import ExpandTiles
 from loraplex.kernels.triton.silu_and_mul_lora import SILU_LORA_TILES, launch_silu_and_mul_lora
 from tests.kernels.lora_inputs import (
+    ATOL,
+    DTYPES,
     LoRACase,
     LoRAKernelInputs,
     lora_case,
@@ -44,15 +46,6 @@ VARIANTS: dict[str, ExpandTiles] = {
     "column-runs-1": ExpandTiles(16, 32, max_block_k=16, num_warps=4, num_stages=2, target_programs=1),
     "column-runs-5": ExpandTiles(16, 32, max_block_k=16, num_warps=4, num_stages=2, target_programs=5),
 }  # fmt: skip
-BF16 = pytest.param(
-    torch.bfloat16,
-    id="bf16",
-    marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="Triton's CPU interpreter has no bfloat16 tl.dot"
-    ),
-)
-DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"), BF16]
-ATOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
 
 
 def fused_args(inputs: LoRAKernelInputs, x: torch.Tensor, lora_out: torch.Tensor) -> tuple:
