@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease, one script: the GPU tests first, then timing. On the device machine, from the repo
 # root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput; also attention,
-# many, serve, quant, w4a16, tp, prio); results go to $OUT (or bench/results/tmp).
+# lora, many, serve, quant, w4a16, tp, prio); results go to $OUT (or bench/results/tmp).
 #
 # The device has torch, triton, transformers and peft, but not this package and no package
 # index: build the wheel here first (`make wheel`, into the git-ignored .whl/), carry .whl/ along,
@@ -60,6 +60,14 @@ for step in $steps; do
             --num-prompts 64 --min-prompt 512 --max-prompt 512 --output-len 128 \
             --hf-batch-size 32 --adapters "${ADAPTERS:-0,1,8}" --repeats "${REPEATS:-3}" --json "$OUT/throughput.json" ${TPUT_ARGS:-} 2>&1 \
             | grep -v Loading | tee "$OUT/throughput.txt";;
+    lora) # where W1's LoRA time goes: the fused gate_up activation's tiles against the unfused
+          # pair, then W1 (512 x 512/128) with 0 and 8 adapters and each run's GPU time per kernel
+          limit 200 python3 bench/silu_lora_tiles.py --json "$OUT/silu_lora_tiles.json" 2>&1 \
+            | tee "$OUT/silu_lora_tiles.txt" &&
+          limit ${LORA_W1_TIMEOUT:-300} python3 bench/offline_throughput.py --shape llama3-8b --device cuda \
+            --skip-hf --adapters 0,8 --repeats "${REPEATS:-2}" --num-prompts 512 --min-prompt 512 \
+            --max-prompt 512 --output-len 128 --kernel-totals "$OUT/kernel_totals.txt" \
+            --json "$OUT/w1.json" 2>&1 | grep -v Loading | tee "$OUT/w1.txt";;
     many) limit ${MANY_TIMEOUT:-540} python3 bench/many_adapters.py --shape llama3-8b \
             --adapters "${MANY_ADAPTERS:-0,8,64,256,1024}" --rounds "${ROUNDS:-3}" \
             --json "$OUT/many_adapters.json" ${MANY_ARGS:-} 2>&1 | grep -v Loading \
@@ -116,7 +124,7 @@ for step in $steps; do
             --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
             --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
             | tee "$OUT/priority.txt";;
-    *) echo "unknown step $step (env gpu-tests attention kernels tput many serve quant w4a16 tp prio)" >&2; false;;
+    *) echo "unknown step $step (env gpu-tests attention kernels tput lora many serve quant w4a16 tp prio)" >&2; false;;
   esac
   rc=$?
   echo "=== $step: exit $rc"
