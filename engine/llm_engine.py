@@ -242,6 +242,7 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             if self._in_flight is not None:  # its results are what the next step waits for
+                self._while_gpu_runs()
                 return failed_loads + self._finish_in_flight()
             # Requests are waiting for their adapters' loads: let the loader threads work.
             waited = time.perf_counter()

@@ -199,6 +199,9 @@ class LoRAManager:
         failed that the head of the waiting queue names (the engine fails their requests)."""
         self._harvest_loads()
         self._report_finished_uploads()
+        # Only this poll's asks: a step that never started the last poll's (it had nothing to
+        # launch) must not start them later, after their adapter has reached the cache.
+        self._to_load.clear()
         wanted: list[str] = []
         for request in islice(waiting, PREFETCH_WINDOW):
             if request.lora_request is not None:
@@ -215,7 +218,8 @@ class LoRAManager:
                 self.pool.touch(content_hash)
                 continue
             if (cpu := self._cpu.get(content_hash)) is None:
-                self._to_load.append(content_hash)  # read from disk: start_loads
+                if content_hash not in self._loading:
+                    self._to_load.append(content_hash)  # read from disk: start_loads
                 continue
             # Requests need a block each per step at most: leave them that much.
             if not self.pool.upload(cpu, keep=wanted[:i], reserve_blocks=num_running):

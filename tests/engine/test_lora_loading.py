@@ -236,3 +236,35 @@ def test_a_load_asked_for_in_a_step_starts_while_its_forward_runs(
     assert manager.is_loading(cold)
     outs = run_to_completion(engine)
     assert {rid: len(o.outputs[0].token_ids) for rid, o in outs.items()} == {"warm": 4, "cold": 4}
+
+
+def test_each_poll_starts_only_its_own_reads(base: Path, tmp_path: Path) -> None:
+    """A step that launches nothing never starts its poll's disk reads; the next poll's asks
+    replace them. Kept, a stale ask started a second read of an adapter that had reached the
+    CPU cache meanwhile (both loading and cached: check_integrity caught it in CI). An adapter
+    already being read is not asked for again."""
+    path = write_peft_adapter(base, tmp_path / "a", 4, ["q_proj"], seed=3)
+    engine = make_llm(base).engine
+    manager = engine.lora_manager
+    assert manager is not None
+    submitted: list[str] = []
+    submit = manager.loader.submit
+
+    def record_submit(request: LoRARequest):  # type: ignore[no-untyped-def]
+        submitted.append(request.lora_name)
+        return submit(request)
+
+    manager.loader.submit = record_submit  # type: ignore[method-assign]
+    engine.add_request("r", [5, 6, 7], PARAMS, LoRARequest("a", 1, str(path), "e" * 64))
+    waiting = list(engine.scheduler.waiting)
+    manager.poll(waiting, 0)  # asks for a's read; no start_loads follows
+    manager.poll([], 0)  # a later poll that asks for nothing
+    manager.start_loads()
+    assert submitted == []
+    for _ in range(3):  # asked for, then being read (or cached): one read in all
+        manager.poll(waiting, 0)
+        manager.start_loads()
+        manager.check_integrity()
+    assert submitted == ["a"]
+    outs = run_to_completion(engine)
+    assert len(outs["r"].outputs[0].token_ids) == 4 and submitted == ["a"]
