@@ -32,7 +32,6 @@ from itertools import islice
 import torch
 
 from loraplex.engine.config import LoRAConfig
-from loraplex.engine.device_copy import tensor_to_device
 from loraplex.engine.distributed.sharding import TPLayout
 from loraplex.engine.distributed.tp_group import TPGroup
 from loraplex.engine.errors import InvalidAdapterError
@@ -43,10 +42,10 @@ from loraplex.engine.lora.adapter_pool import AdapterPool
 from loraplex.engine.lora.host_pages import create_host_pages
 from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
 from loraplex.engine.lora.page_layout import SLICES, max_adapter_pages
+from loraplex.engine.lora.step_mapping import map_step
 from loraplex.engine.request import LoRARequest, Request
 from loraplex.engine.scheduler.output import ScheduledRequest
 from loraplex.engine.stats import AdapterLoad, AdapterTier, LoRAStats, ResidentAdapter
-from loraplex.kernels import build_lora_mapping
 
 logger = logging.getLogger(__name__)
 
@@ -236,41 +235,13 @@ class LoRAManager:
         base model pays nothing)."""
         hashes = [_hash(s.request.lora_request) if s.request.lora_request else None
                   for s in scheduled]  # fmt: skip
-        adapters = list(dict.fromkeys(h for h in hashes if h is not None))
-        if not adapters:
+        tokens = [s.num_new_tokens for s in scheduled]
+        args = (self.pool.resident_id, self.max_batch_loras, self.device)
+        adapters, mapping = map_step(hashes, tokens, *args)
+        if mapping is None:
             return None
-        assert len(adapters) <= self.max_batch_loras, "the scheduler caps adapters per step"
-        slot_of = {h: slot for slot, h in enumerate(adapters)}
-        token_slots = [
-            -1 if h is None else slot_of[h]
-            for h, item in zip(hashes, scheduled, strict=True)
-            for _ in range(item.num_new_tokens)
-        ]
-        slot_adapters = torch.zeros(self.max_batch_loras + 1, dtype=torch.int32)
-        slot_adapters[: len(adapters)] = torch.tensor(
-            [self.pool.resident_id(h) for h in adapters], dtype=torch.int32
-        )
-        slot_adapters[-1] = len(adapters)  # num_active_slots, riding on the same copy
-        # Built on the host, then one copy: a handful of tiny CPU ops instead of as many GPU
-        # launches (and a sort) ahead of every step.
-        sorted_token_ids, slot_start_loc = build_lora_mapping(
-            torch.tensor(token_slots, dtype=torch.int32), self.max_batch_loras
-        )
-        packed = torch.cat([slot_start_loc, slot_adapters, sorted_token_ids])
-        on_device = tensor_to_device(packed, self.device)
-        sizes = [slot_start_loc.shape[0], slot_adapters.shape[0], sorted_token_ids.shape[0]]
-        slot_start_loc, slot_adapters, sorted_token_ids = on_device.split(sizes)
         modules = set().union(*(self._modules[h] for h in adapters))
-        return LoRABatch(
-            self.pool,
-            self.workspace,
-            sorted_token_ids,
-            slot_start_loc,
-            slot_adapters[:-1],
-            slot_adapters[-1:],
-            modules,
-            self.reduce,
-        )
+        return LoRABatch(self.pool, self.workspace, *mapping.tensors(), modules, self.reduce)
 
     def create_graph_batch(
         self,

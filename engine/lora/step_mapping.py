@@ -1,0 +1,67 @@
+"""A step's token -> adapter mapping for the SGMV kernels, built on the host in one copy.
+
+The step's adapters take batch slots in order of first appearance; each token gets its
+request's slot (-1 without an adapter), and `build_lora_mapping` groups the tokens by slot:
+
+    requests   r0 (a, 2 tokens)  r1 (none, 1)  r2 (b, 1)  r3 (a, 1)
+    slots      a -> 0, b -> 1    token_slots [0, 0, -1, 1, 0]
+
+A handful of tiny CPU ops and one host-to-device copy of the packed tensors, instead of as
+many GPU launches (and a sort) ahead of every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.engine.device_copy import tensor_to_device
+from loraplex.kernels import build_lora_mapping
+
+
+@dataclass(frozen=True)
+class StepMapping:
+    """The kernels' mapping tensors, on the step's device (LoRABatch's fields, in order)."""
+
+    sorted_token_ids: torch.Tensor  # [num_tokens] int32
+    slot_start_loc: torch.Tensor  # [max_batch_loras + 1] int32
+    slot_adapters: torch.Tensor  # [max_batch_loras] int32: batch slot -> resident id
+    num_active_slots: torch.Tensor  # [1] int32
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.sorted_token_ids, self.slot_start_loc, self.slot_adapters, self.num_active_slots
+
+
+def map_step(
+    adapters_per_request: Sequence[str | None],  # each request's adapter (content hash) or None
+    tokens_per_request: Sequence[int],
+    resident_id: Callable[[str], int],
+    max_batch_loras: int,
+    device: torch.device,
+) -> tuple[list[str], StepMapping | None]:
+    """(the step's adapters in slot order, their mapping; None when no request has one)."""
+    adapters = list(dict.fromkeys(h for h in adapters_per_request if h is not None))
+    if not adapters:
+        return [], None
+    assert len(adapters) <= max_batch_loras, "the scheduler caps adapters per step"
+    slot_of = {h: slot for slot, h in enumerate(adapters)}
+    token_slots = [
+        -1 if h is None else slot_of[h]
+        for h, num_tokens in zip(adapters_per_request, tokens_per_request, strict=True)
+        for _ in range(num_tokens)
+    ]
+    slot_adapters = torch.zeros(max_batch_loras + 1, dtype=torch.int32)
+    slot_adapters[: len(adapters)] = torch.tensor(
+        [resident_id(h) for h in adapters], dtype=torch.int32
+    )
+    slot_adapters[-1] = len(adapters)  # num_active_slots, riding on the same copy
+    sorted_token_ids, slot_start_loc = build_lora_mapping(
+        torch.tensor(token_slots, dtype=torch.int32), max_batch_loras
+    )
+    packed = torch.cat([slot_start_loc, slot_adapters, sorted_token_ids])
+    sizes = [slot_start_loc.shape[0], slot_adapters.shape[0], sorted_token_ids.shape[0]]
+    slot_start_loc, slot_adapters, sorted_token_ids = tensor_to_device(packed, device).split(sizes)
+    mapping = StepMapping(sorted_token_ids, slot_start_loc, slot_adapters[:-1], slot_adapters[-1:])
+    return adapters, mapping
