@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.triton.launch_checks import check, check_one_device
-from loraplex.kernels.triton.lora_pages import lora_delta
+from loraplex.kernels.triton.lora_pages import lora_delta, lora_rank_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
     rank_block,
@@ -137,10 +137,14 @@ def expand_column_tile(  # type: ignore[no-untyped-def]
     width,
     page_size,
     stride_pp,
+    lo_tile,  # lora_rank_rows' results
+    row_base,
+    mask_k,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_ROWS: tl.constexpr,
+    ONE_STEP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """y[rows, n_start:n_start + BLOCK_N] += scaling * lora_out[rows, :rank] @ B^T[:rank, cols]."""
@@ -151,7 +155,8 @@ def expand_column_tile(  # type: ignore[no-untyped-def]
     y = tl.load(y_ptrs, mask=mask, other=0.0)
     acc = lora_delta(
         offs_n, mask_n, lo_rows, mask_m, rank, pages_ptr, adapter_pages, first, width,
-        page_size, stride_pp, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, DOT_PRECISION,
+        page_size, stride_pp, lo_tile, row_base, mask_k,
+        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, ONE_STEP, DOT_PRECISION,
     )  # fmt: skip
     tl.store(y_ptrs, (y.to(tl.float32) + acc * scaling).to(y.dtype), mask=mask)
 
@@ -188,6 +193,7 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     SPLIT_ROWS: tl.constexpr,  # some slice is wider than a page: the general addressing
     COLUMN_RUNS: tl.constexpr,  # programs may walk several column tiles
     TARGET_PROGRAMS: tl.constexpr,
+    ONE_STEP: tl.constexpr,  # every rank fits BLOCK_K and no slice spans pages
     DOT_PRECISION: tl.constexpr,
 ):
     slice_id = tl.program_id(2)
@@ -225,19 +231,23 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     token_ids, mask_m = segment_token_ids(sorted_token_ids_ptr, m_start, seg_end, BLOCK_M)
     y_rows = y_ptr + token_ids[:, None] * stride_ym + (y_offset + slice_start)
     lo_rows = lora_out_ptr + slice_id * stride_ls + token_ids[:, None] * stride_lm
+    lo_tile, row_base, mask_k = lora_rank_rows(
+        lo_rows, mask_m, rank, adapter_pages, first, width, page_size, stride_pp,
+        BLOCK_K, ONE_STEP,
+    )  # fmt: skip
     if COLUMN_RUNS:
         n_end = tl.minimum(n_first + run * BLOCK_N, width)
         for n_start in range(n_first, n_end, BLOCK_N):
             expand_column_tile(
                 n_start, n_end, lo_rows, y_rows, mask_m, rank, scaling, pages_ptr,
-                adapter_pages, first, width, page_size, stride_pp,
-                BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, DOT_PRECISION,
+                adapter_pages, first, width, page_size, stride_pp, lo_tile, row_base, mask_k,
+                BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, ONE_STEP, DOT_PRECISION,
             )  # fmt: skip
     else:
         expand_column_tile(
             n_first, width, lo_rows, y_rows, mask_m, rank, scaling, pages_ptr,
-            adapter_pages, first, width, page_size, stride_pp,
-            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, DOT_PRECISION,
+            adapter_pages, first, width, page_size, stride_pp, lo_tile, row_base, mask_k,
+            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, ONE_STEP, DOT_PRECISION,
         )  # fmt: skip
 
 
@@ -369,6 +379,7 @@ def launch_lora_expand(
         SPLIT_ROWS=max(slice_sizes) > page_size,
         COLUMN_RUNS=tiles.target_programs is not None,
         TARGET_PROGRAMS=tiles.target_programs or 1,
+        ONE_STEP=max_rank <= block_k and max(slice_sizes) <= page_size,
         DOT_PRECISION="ieee" if pages.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,

@@ -46,6 +46,32 @@ def matrix_ptrs(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def lora_rank_rows(  # type: ignore[no-untyped-def]
+    lo_rows,  # [BLOCK_M, 1] pointers to the token rows of lora_out[slice]
+    mask_m,
+    rank,
+    adapter_pages,
+    first,
+    width,
+    page_size,
+    stride_pp,
+    BLOCK_K: tl.constexpr,
+    ONE_STEP: tl.constexpr,  # every rank fits BLOCK_K and a row of B^T fits a page
+):
+    """What every column tile of a program shares, loaded once per program with ONE_STEP:
+    (the lora_out tile [BLOCK_M, BLOCK_K], the offsets in `pages` of B^T's rows [BLOCK_K],
+    their mask). Without ONE_STEP, placeholders: `lora_delta` finds them per step."""
+    if ONE_STEP:
+        k = tl.arange(0, BLOCK_K)
+        mask_k = k < rank
+        row_base = page_rows(adapter_pages, first, k, mask_k, width, page_size, stride_pp)
+        lo = tl.load(lo_rows + k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+    else:
+        lo, row_base, mask_k = 0, 0, 0
+    return lo, row_base, mask_k
+
+
+@triton.jit
 def lora_delta(  # type: ignore[no-untyped-def]
     offs_n,  # [BLOCK_N] columns of the slice
     mask_n,
@@ -58,30 +84,39 @@ def lora_delta(  # type: ignore[no-untyped-def]
     width,
     page_size,
     stride_pp,
+    lo_tile,  # lora_rank_rows' results (placeholders without ONE_STEP)
+    row_base,
+    mask_k,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_ROWS: tl.constexpr,
+    ONE_STEP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """lora_out[rows, :rank] @ B^T[:rank, offs_n], unscaled, float32 [BLOCK_M, BLOCK_N]; zero
-    (and nothing read) when rank is 0."""
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k_start in range(0, rank, BLOCK_K):
-        k = k_start + offs_k  # [BLOCK_K] rank rows of B^T
-        mask_k = k < rank
-        mask_b = mask_k[:, None] & mask_n[None, :]
-        if SPLIT_ROWS:
-            b_ptrs = matrix_ptrs(
-                pages_ptr, adapter_pages, first, k[:, None], offs_n[None, :], mask_b, width,
-                page_size, stride_pp,
-            )  # fmt: skip
-        else:
-            row_base = page_rows(adapter_pages, first, k, mask_k, width, page_size, stride_pp)
-            b_ptrs = pages_ptr + row_base[:, None] + offs_n[None, :]
-        b = tl.load(b_ptrs, mask=mask_b, other=0.0)  # [BLOCK_K, BLOCK_N]
-        lo_mask = mask_m[:, None] & mask_k[None, :]
-        lo = tl.load(lo_rows + k[None, :], mask=lo_mask, other=0.0)  # [BLOCK_M, BLOCK_K]
-        acc = tl.dot(lo.to(b.dtype), b, acc, input_precision=DOT_PRECISION)
+    (and nothing read from the pages) when rank is 0."""
+    if ONE_STEP:  # one dot with the program's own operands: only B^T's tile is read here
+        b_ptrs = pages_ptr + row_base[:, None] + offs_n[None, :]
+        b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(lo_tile.to(b.dtype), b, input_precision=DOT_PRECISION)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k_start in range(0, rank, BLOCK_K):
+            k = k_start + offs_k  # [BLOCK_K] rank rows of B^T
+            step_mask = k < rank
+            mask_b = step_mask[:, None] & mask_n[None, :]
+            if SPLIT_ROWS:
+                b_ptrs = matrix_ptrs(
+                    pages_ptr, adapter_pages, first, k[:, None], offs_n[None, :], mask_b, width,
+                    page_size, stride_pp,
+                )  # fmt: skip
+            else:
+                rows = page_rows(adapter_pages, first, k, step_mask, width, page_size, stride_pp)
+                b_ptrs = pages_ptr + rows[:, None] + offs_n[None, :]
+            b = tl.load(b_ptrs, mask=mask_b, other=0.0)  # [BLOCK_K, BLOCK_N]
+            lo_mask = mask_m[:, None] & step_mask[None, :]
+            lo = tl.load(lo_rows + k[None, :], mask=lo_mask, other=0.0)  # [BLOCK_M, BLOCK_K]
+            acc = tl.dot(lo.to(b.dtype), b, acc, input_precision=DOT_PRECISION)
     return acc

@@ -37,7 +37,7 @@ import triton.language as tl
 
 from loraplex.kernels.triton.launch_checks import check, check_one_device
 from loraplex.kernels.triton.lora_expand import ExpandTiles
-from loraplex.kernels.triton.lora_pages import lora_delta
+from loraplex.kernels.triton.lora_pages import lora_delta, lora_rank_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
     rank_block,
@@ -80,10 +80,17 @@ def _silu_and_mul_column_tile(  # type: ignore[no-untyped-def]
     intermediate,
     page_size,
     stride_pp,
+    lo_tile_gate,  # lora_rank_rows' results for gate, then for up
+    row_base_gate,
+    mask_k_gate,
+    lo_tile_up,
+    row_base_up,
+    mask_k_up,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_ROWS: tl.constexpr,
+    ONE_STEP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """out[rows, cols] = silu(gate + delta_gate) * (up + delta_up), each sum rounded first."""
@@ -95,11 +102,13 @@ def _silu_and_mul_column_tile(  # type: ignore[no-untyped-def]
     dtype = gate.dtype
     d_gate = lora_delta(
         offs_n, mask_n, lo_gate, mask_m, rank_gate, pages_ptr, adapter_pages, first_gate,
-        intermediate, page_size, stride_pp, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, DOT_PRECISION,
+        intermediate, page_size, stride_pp, lo_tile_gate, row_base_gate, mask_k_gate,
+        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, ONE_STEP, DOT_PRECISION,
     )  # fmt: skip
     d_up = lora_delta(
         offs_n, mask_n, lo_up, mask_m, rank_up, pages_ptr, adapter_pages, first_up,
-        intermediate, page_size, stride_pp, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, DOT_PRECISION,
+        intermediate, page_size, stride_pp, lo_tile_up, row_base_up, mask_k_up,
+        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, ONE_STEP, DOT_PRECISION,
     )  # fmt: skip
     gate = (gate.to(tl.float32) + d_gate * scale_gate).to(dtype).to(tl.float32)
     up = (up.to(tl.float32) + d_up * scale_up).to(dtype).to(tl.float32)
@@ -140,6 +149,7 @@ def _silu_and_mul_lora_kernel(  # type: ignore[no-untyped-def]
     SPLIT_ROWS: tl.constexpr,  # a row of B^T (intermediate elements) spans pages
     COLUMN_RUNS: tl.constexpr,
     TARGET_PROGRAMS: tl.constexpr,
+    ONE_STEP: tl.constexpr,  # every rank fits BLOCK_K and a row of B^T fits a page
     DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -184,12 +194,21 @@ def _silu_and_mul_lora_kernel(  # type: ignore[no-untyped-def]
     out_rows = out_ptr + token_ids[:, None] * stride_out
     lo_gate = lora_out_ptr + token_ids[:, None] * stride_lm
     lo_up = lo_gate + stride_ls
+    lo_tile_gate, row_base_gate, mask_k_gate = lora_rank_rows(
+        lo_gate, mask_m, rank_gate, adapter_pages, first_gate, intermediate, page_size,
+        stride_pp, BLOCK_K, ONE_STEP,
+    )  # fmt: skip
+    lo_tile_up, row_base_up, mask_k_up = lora_rank_rows(
+        lo_up, mask_m, rank_up, adapter_pages, first_up, intermediate, page_size,
+        stride_pp, BLOCK_K, ONE_STEP,
+    )  # fmt: skip
     n_end = tl.minimum(n_first + run * BLOCK_N, intermediate)
     for n_start in range(n_first, n_end, BLOCK_N):
         _silu_and_mul_column_tile(
             n_start, x_rows, out_rows, lo_gate, lo_up, mask_m, rank_gate, rank_up, scale_gate,
             scale_up, pages_ptr, adapter_pages, first_gate, first_up, intermediate, page_size,
-            stride_pp, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, DOT_PRECISION,
+            stride_pp, lo_tile_gate, row_base_gate, mask_k_gate, lo_tile_up, row_base_up,
+            mask_k_up, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, ONE_STEP, DOT_PRECISION,
         )  # fmt: skip
 
 
@@ -314,6 +333,7 @@ def launch_silu_and_mul_lora(
         SPLIT_ROWS=intermediate > page_size,
         COLUMN_RUNS=tiles.target_programs is not None,
         TARGET_PROGRAMS=tiles.target_programs or 1,
+        ONE_STEP=lora_out.shape[2] <= block_k and intermediate <= page_size,
         DOT_PRECISION="ieee" if pages.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
