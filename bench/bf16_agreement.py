@@ -2,6 +2,7 @@
 left-padded batches equal HF one prompt at a time (issue 12's numerics bar).
 
     python bench/bf16_agreement.py [--model DIR] [--device cuda] [--dtype bfloat16]
+        [--hf-tokens FILE] [--max-num-seqs N]
 
 Prompts: `--num-prompts` word prefixes of the demo corpus (bench/quant_accuracy.py's), token ids
 from the model's tokenizer, fed to all three runs alike:
@@ -12,6 +13,11 @@ Reports, against the reference, the continuations equal token for token, the mea
 tokens before the first difference, and at each first difference of the engine the reference
 model's top-2 log-prob gap there (teacher-forced on the reference's own tokens): a near-tie is
 a rounding decision, a wide gap a bug. Default model: the demo checkpoint (SmolLM2-135M).
+
+Where the engine rounds differently: `--hf-tokens FILE` keeps HF's two runs in FILE (written
+when missing, read when there), so engine variants reuse them, e.g. one kernel at a time on the
+PyTorch reference (`LORAPLEX_KERNELS=reference:rms_norm,fused_add_rms_norm`) or fewer sequences
+per step (`--max-num-seqs 1` is the engine one prompt at a time, as the reference runs).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -88,6 +95,11 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--hf-tokens", help="HF's continuations: written when missing, else read")
+    ap.add_argument("--max-num-seqs", type=int, help="the engine's sequences per step")
+    ap.add_argument(
+        "--enforce-eager", action="store_true", help="no CUDA graphs (the references need it)"
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     model_dir = model_dir_or_demo(args.model)
@@ -97,12 +109,24 @@ def main() -> None:
 
     started = time.perf_counter()
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
-    reference = hf_greedy(hf, prompts, args.output_len, batch_size=1)
-    batched = hf_greedy(hf, prompts, args.output_len, args.batch_size)
+    saved = Path(args.hf_tokens) if args.hf_tokens else None
+    if saved is not None and saved.exists():
+        reference, batched = json.loads(saved.read_text())
+        assert len(reference) == len(prompts) and len(reference[0]) == args.output_len
+    else:
+        reference = hf_greedy(hf, prompts, args.output_len, batch_size=1)
+        batched = hf_greedy(hf, prompts, args.output_len, args.batch_size)
+        if saved is not None:
+            saved.write_text(json.dumps([reference, batched]))
     hf_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
-    llm = LLM(str(model_dir), device=args.device, dtype=args.dtype, enable_prefix_caching=False)
+    limits: dict[str, Any] = {"enforce_eager": args.enforce_eager}
+    if args.max_num_seqs is not None:
+        limits["max_num_seqs"] = args.max_num_seqs
+    llm = LLM(
+        str(model_dir), device=args.device, dtype=args.dtype, enable_prefix_caching=False, **limits
+    )
     # min_tokens bans EOS (not with ignore_eos, which takes EOS out of the stop ids, as vLLM).
     params = SamplingParams(max_tokens=args.output_len, min_tokens=args.output_len, temperature=0.0)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -113,6 +137,9 @@ def main() -> None:
         "model": str(model_dir),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
         "dtype": args.dtype,
+        "kernels": os.environ.get("LORAPLEX_KERNELS", "auto"),
+        "max_num_seqs": args.max_num_seqs,
+        "enforce_eager": args.enforce_eager,
         "engine_vs_hf": agreement(engine, reference),
         f"hf_batches_of_{args.batch_size}_vs_hf": agreement(batched, reference),
         "seconds": {"hf": round(hf_seconds, 1), "engine": round(engine_seconds, 1)},

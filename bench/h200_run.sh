@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease, one script: the GPU tests first, then timing. On the device machine, from the repo
 # root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput; also attention,
-# lora, many, serve, quant, w4a16, tp, prio); results go to $OUT (or bench/results/tmp).
+# lora, many, serve, quant, w4a16, tp, prio, agreement); results go to $OUT (or bench/results/tmp).
 #
 # The device has torch, triton, transformers and peft, but not this package and no package
 # index: build the wheel here first (`make wheel`, into the git-ignored .whl/), carry .whl/ along,
@@ -124,7 +124,28 @@ for step in $steps; do
             --flood 256 --flood-prompt 512 --flood-output 128 --trickle 16 --interval 0.25 \
             --max-num-seqs 64 --json "$OUT/priority.json" 2>&1 | grep -v Loading \
             | tee "$OUT/priority.txt";;
-    *) echo "unknown step $step (env gpu-tests attention kernels tput lora many serve quant w4a16 tp prio)" >&2; false;;
+    agreement) # issue 12's numerics bar on the demo checkpoint (SMOL_GGUF: the packaged GGUF,
+               # brought here in pieces), then where the engine rounds differently from HF: the
+               # same prompts with one kernel family at a time on the PyTorch reference (without
+               # CUDA graphs, which the references cannot be captured in), and with 1 and 16
+               # sequences per step (HF's runs computed once, in $OUT/hf_tokens.json)
+               [ -f "${SMOL_GGUF:-}" ] || { echo "set SMOL_GGUF to the demo GGUF" >&2; false; } &&
+               python3 -c "import pathlib, sys; from loraplex.platform.demo import checkpoint as c
+c.find_smollm2_gguf = lambda: pathlib.Path(sys.argv[1]); c.write_smollm2_checkpoint('/tmp/smol')" \
+                 "$SMOL_GGUF" && {
+               agree() { limit ${AGREE_TIMEOUT:-240} python3 bench/bf16_agreement.py --model /tmp/smol \
+                 --device cuda --hf-tokens "$OUT/hf_tokens.json" "$@" 2>&1 | grep -v Loading; }
+               agree --json "$OUT/agreement_auto.json" | tee "$OUT/agreement.txt"
+               for ops in ${AGREE_OPS:-reference paged_attention rms_norm,fused_add_rms_norm silu_and_mul,silu_and_mul_lora apply_rotary_pos_emb}; do
+                 kernels=reference:$ops; [ "$ops" = reference ] && kernels=reference
+                 echo "--- LORAPLEX_KERNELS=$kernels" | tee -a "$OUT/agreement.txt"
+                 LORAPLEX_KERNELS=$kernels agree --enforce-eager --json "$OUT/agreement_${ops//,/_}.json" | tee -a "$OUT/agreement.txt"
+               done
+               for seqs in ${AGREE_SEQS-1 16}; do
+                 echo "--- max_num_seqs $seqs" | tee -a "$OUT/agreement.txt"
+                 agree --max-num-seqs $seqs --json "$OUT/agreement_seqs$seqs.json" | tee -a "$OUT/agreement.txt"
+               done; };;
+    *) echo "unknown step $step (env gpu-tests attention kernels tput lora many serve quant w4a16 tp prio agreement)" >&2; false;;
   esac
   rc=$?
   echo "=== $step: exit $rc"

@@ -1,6 +1,7 @@
 """Kernels: Triton on CUDA, the plain-PyTorch reference elsewhere (same signatures).
 
-`LORAPLEX_KERNELS=reference` forces the reference everywhere (debugging, A/B checks).
+`LORAPLEX_KERNELS=reference` forces the reference everywhere, `reference:rms_norm,paged_attention`
+only for the named ops (debugging, A/B checks of one kernel).
 """
 
 from loraplex.kernels.dispatch import (

@@ -14,13 +14,33 @@ from loraplex.kernels import cpu, cuda, reference
 
 
 @functools.cache
-def _reference_forced() -> bool:
-    return os.environ.get("LORAPLEX_KERNELS", "auto") == "reference"
+def _reference_ops() -> frozenset[str] | None:
+    """The ops `LORAPLEX_KERNELS` sends to the reference: None for all of them ("reference"),
+    the named ones for "reference:op,op" (A/B checks of one kernel), none for "auto"."""
+    value = os.environ.get("LORAPLEX_KERNELS", "auto")
+    if value == "reference":
+        return None
+    if value == "auto":
+        return frozenset()
+    kind, _, names = value.partition(":")
+    ops = frozenset(name.strip() for name in names.split(",") if name.strip())
+    unknown = ops - set(reference.__all__)
+    if kind != "reference" or not ops or unknown:
+        raise ValueError(
+            f"LORAPLEX_KERNELS={value!r}: use 'auto', 'reference' or 'reference:op,...' with ops "
+            f"from {sorted(reference.__all__)}"
+        )
+    return ops
+
+
+def _reference_forced(name: str) -> bool:
+    ops = _reference_ops()
+    return ops is None or name in ops
 
 
 @functools.cache
 def _triton_available() -> bool:
-    if _reference_forced():
+    if _reference_ops() is None:
         return False
     try:
         import triton  # noqa: F401
@@ -46,13 +66,14 @@ def _dispatch(
 
     @functools.wraps(reference_fn)
     def call(first: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if cuda_fn is not None and first.is_cuda and not _reference_forced():
+        forced = _reference_forced(name)
+        if cuda_fn is not None and first.is_cuda and not forced:
             return cuda_fn(first, *args, **kwargs)
-        if _use_triton(first):
+        if _use_triton(first) and not forced:
             from loraplex.kernels import triton as triton_kernels
 
             return getattr(triton_kernels, name)(first, *args, **kwargs)
-        if cpu_fn is not None and first.device.type == "cpu" and not _reference_forced():
+        if cpu_fn is not None and first.device.type == "cpu" and not forced:
             return cpu_fn(first, *args, **kwargs)
         return reference_fn(first, *args, **kwargs)
 

@@ -5,6 +5,7 @@ every dtype. NaN-poisoned caches catch reads outside a sequence's blocks or past
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -44,7 +45,21 @@ def test_cpu_fast_path_matches_the_reference(
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
 
 
-def test_cpu_tensors_dispatch_to_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def set_kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Sets LORAPLEX_KERNELS for the rest of the test; the next test re-reads it unset."""
+
+    def set_to(setting: str) -> None:
+        monkeypatch.setenv("LORAPLEX_KERNELS", setting)
+        dispatch._reference_ops.cache_clear()
+
+    yield set_to
+    dispatch._reference_ops.cache_clear()
+
+
+def test_cpu_tensors_dispatch_to_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch, set_kernels: Callable[[str], None]
+) -> None:
     """CPU tensors take the fused path; LORAPLEX_KERNELS=reference forces the spec."""
     batch = make_paged_batch([24], [24], 2, 2, 16, 8, torch.float32, torch.device("cpu"))
     fused = cpu_attention_module.F.scaled_dot_product_attention
@@ -57,7 +72,23 @@ def test_cpu_tensors_dispatch_to_the_fast_path(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(cpu_attention_module.F, "scaled_dot_product_attention", counting)
     paged_attention(*batch.args, 0.25)
     assert calls == [1]
-    monkeypatch.setattr(dispatch, "_reference_forced", lambda: True)
-    out = paged_attention(*batch.args, 0.25)
-    assert calls == [1]
-    torch.testing.assert_close(out, reference.paged_attention(*batch.args, 0.25))
+    for setting in ("reference", "reference:rms_norm, paged_attention"):
+        set_kernels(setting)
+        out = paged_attention(*batch.args, 0.25)
+        assert calls == [1]
+        torch.testing.assert_close(out, reference.paged_attention(*batch.args, 0.25))
+    set_kernels("reference:rms_norm")  # another op: the fast path
+    paged_attention(*batch.args, 0.25)
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "setting", ["reference:", "reference:no_such_op", "triton", "fast:rms_norm"]
+)
+def test_a_bad_kernels_setting_is_a_clear_error(
+    set_kernels: Callable[[str], None], setting: str
+) -> None:
+    set_kernels(setting)
+    batch = make_paged_batch([8], [8], 2, 2, 16, 8, torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="LORAPLEX_KERNELS"):
+        paged_attention(*batch.args, 0.25)

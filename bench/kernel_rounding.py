@@ -1,0 +1,157 @@
+"""How often each Triton kernel rounds differently from the PyTorch math HF transformers runs
+(issue 12's numerics bar: the engine's greedy tokens against HF's, one prompt at a time).
+
+    python bench/kernel_rounding.py [--json FILE]
+    TRITON_INTERPRET=1 python bench/kernel_rounding.py --device cpu    (a smoke test only)
+
+For the demo model's shapes (SmolLM2-135M: hidden 576, intermediate 1,536, 9 query heads and 3
+KV heads of 64) in bf16, on the same random inputs: the share of output elements whose bits
+differ between the Triton kernel and HF's math, and the largest difference in units of the last
+place at the output's RMS (ulp). RMSNorm, RoPE and SiLU-and-mul are compared with the references in
+kernels/reference (HF's math, rounding point for rounding point); paged attention with
+`F.scaled_dot_product_attention` as HF's sdpa attention calls it (prefill: causal over the
+prompt, with the table's tiles and then with KV tiles of 32 to 128; decode: one query over the
+whole context).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from loraplex.kernels import reference
+from loraplex.kernels import triton as triton_kernels
+from loraplex.kernels.triton.paged_attention import AttentionTiles, launch_paged_attention
+
+HIDDEN, INTERMEDIATE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 576, 1536, 9, 3, 64
+BLOCK_SIZE = 16
+PREFILL_TILE_NS = (32, 64, 128)
+DTYPE = torch.bfloat16
+DEVICE = torch.device("cuda")  # CPU only as a smoke test, under TRITON_INTERPRET=1
+
+
+def differ(actual: torch.Tensor, expected: torch.Tensor) -> dict[str, float]:
+    """Share of elements whose bits differ, and the largest difference in ulps at the output's
+    RMS (an element-wise ulp means nothing at outputs near zero)."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    a, e = actual.float(), expected.float()
+    ulp = torch.finfo(actual.dtype).eps * e.pow(2).mean().sqrt()
+    return {
+        "differ": round(float((actual != expected).float().mean()), 5),
+        "max_ulps": round(float((a - e).abs().max() / ulp), 2),
+    }
+
+
+def fused_ops(num_tokens: int) -> dict[str, dict[str, float]]:
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(DTYPE)
+
+    x, residual = randn(num_tokens, HIDDEN), randn(num_tokens, HIDDEN, scale=4.0)
+    weight = randn(HIDDEN, scale=0.5)
+    q, k = randn(num_tokens, NUM_HEADS, HEAD_DIM), randn(num_tokens, NUM_KV_HEADS, HEAD_DIM)
+    angles = torch.arange(num_tokens, device=DEVICE)[:, None] * torch.logspace(
+        0, -4, HEAD_DIM // 2, device=DEVICE
+    )
+    cos = torch.cat([angles.cos()] * 2, dim=-1).to(DTYPE)
+    sin = torch.cat([angles.sin()] * 2, dim=-1).to(DTYPE)
+    gate_up = randn(num_tokens, 2 * INTERMEDIATE, scale=2.0)
+    cases: dict[str, Callable[[object], tuple[torch.Tensor, ...]]] = {
+        "rms_norm": lambda m: (m.rms_norm(x, weight, 1e-5),),
+        "fused_add_rms_norm": lambda m: m.fused_add_rms_norm(x, residual, weight, 1e-5),
+        "apply_rotary_pos_emb": lambda m: m.apply_rotary_pos_emb(q, k, cos, sin),
+        "silu_and_mul": lambda m: (m.silu_and_mul(gate_up),),
+    }
+    out = {}
+    for name, call in cases.items():
+        got, want = call(triton_kernels), call(reference)
+        parts = [differ(a, e) for a, e in zip(got, want, strict=True)]
+        out[name] = max(parts, key=lambda p: p["differ"])  # normed or residual, q or k
+    return out
+
+
+def attention(seq_len: int, num_seqs: int) -> dict[str, dict[str, float]]:
+    """Prefill (every position of each sequence) and decode (its last position) against sdpa."""
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    blocks_per_seq = -(-seq_len // BLOCK_SIZE)
+    num_blocks = num_seqs * blocks_per_seq
+    k = torch.randn(num_seqs, seq_len, NUM_KV_HEADS, HEAD_DIM, generator=g, device=DEVICE)
+    v = torch.randn(num_seqs, seq_len, NUM_KV_HEADS, HEAD_DIM, generator=g, device=DEVICE)
+    q = torch.randn(num_seqs, seq_len, NUM_HEADS, HEAD_DIM, generator=g, device=DEVICE)
+    k, v, q = k.to(DTYPE), v.to(DTYPE), q.to(DTYPE)
+    key_cache = torch.zeros(
+        num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=DTYPE, device=DEVICE
+    )
+    value_cache = torch.zeros_like(key_cache)
+    block_tables = torch.arange(num_blocks, dtype=torch.int32, device=DEVICE).view(num_seqs, -1)
+    positions = torch.arange(seq_len, device=DEVICE)
+    slots = block_tables.long()[:, positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
+    reference.reshape_and_cache(
+        k.flatten(0, 1), v.flatten(0, 1), key_cache, value_cache, slots.flatten()
+    )
+    seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32, device=DEVICE)
+    scale = HEAD_DIM**-0.5
+    group = NUM_HEADS // NUM_KV_HEADS
+
+    def sdpa(query: torch.Tensor, causal: bool) -> torch.Tensor:
+        # HF's sdpa_attention_forward: repeat_kv, then [S, heads, len, head_dim] in
+        keys = k.repeat_interleave(group, dim=2).transpose(1, 2)
+        values = v.repeat_interleave(group, dim=2).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            query.transpose(1, 2), keys, values, is_causal=causal, scale=scale
+        )
+        return out.transpose(1, 2)  # [S, len, heads, head_dim]
+
+    starts = torch.arange(num_seqs + 1, dtype=torch.int32, device=DEVICE) * seq_len
+    prefill = triton_kernels.paged_attention(
+        q.flatten(0, 1), key_cache, value_cache, block_tables, seq_lens, starts, scale
+    )
+    last = q[:, -1:]
+    decode = triton_kernels.paged_attention(
+        last.flatten(0, 1), key_cache, value_cache, block_tables, seq_lens,
+        torch.arange(num_seqs + 1, dtype=torch.int32, device=DEVICE), scale,
+    )  # fmt: skip
+    hf_prefill = sdpa(q, True).flatten(0, 1)
+    out = {
+        f"prefill attention ({seq_len} tokens)": differ(prefill, hf_prefill),
+        f"decode attention (context {seq_len})": differ(decode, sdpa(last, False).flatten(0, 1)),
+    }
+    for tile_n in PREFILL_TILE_NS:  # the KV tile decides where P is rounded before rescaling
+        tiles = AttentionTiles(block_m=128, tile_n=tile_n, num_warps=8, num_stages=2)
+        tiled = launch_paged_attention(
+            q.flatten(0, 1), key_cache, value_cache, block_tables, seq_lens, starts, scale,
+            None, tiles,
+        )  # fmt: skip
+        out[f"  prefill, {seq_len} tokens, KV tiles of {tile_n}"] = differ(tiled, hf_prefill)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    results = {**fused_ops(256), **attention(512, 8), **attention(64, 8)}
+    for name, r in results.items():
+        print(f"{name:34s} {r['differ']:8.2%} of elements differ, at most {r['max_ulps']} ulps")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu",
+                    **results,
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
