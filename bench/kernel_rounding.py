@@ -32,7 +32,6 @@ HIDDEN, INTERMEDIATE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 576, 1536, 9, 3, 64
 BLOCK_SIZE = 16
 PREFILL_TILE_NS = (32, 64, 128)
 DTYPE = torch.bfloat16
-DEVICE = torch.device("cuda")  # CPU only as a smoke test, under TRITON_INTERPRET=1
 
 
 def differ(actual: torch.Tensor, expected: torch.Tensor) -> dict[str, float]:
@@ -47,17 +46,17 @@ def differ(actual: torch.Tensor, expected: torch.Tensor) -> dict[str, float]:
     }
 
 
-def fused_ops(num_tokens: int) -> dict[str, dict[str, float]]:
-    g = torch.Generator(device=DEVICE).manual_seed(0)
+def fused_ops(num_tokens: int, device: torch.device) -> dict[str, dict[str, float]]:
+    g = torch.Generator(device=device).manual_seed(0)
 
     def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(DTYPE)
+        return (torch.randn(*shape, generator=g, device=device) * scale).to(DTYPE)
 
     x, residual = randn(num_tokens, HIDDEN), randn(num_tokens, HIDDEN, scale=4.0)
     weight = randn(HIDDEN, scale=0.5)
     q, k = randn(num_tokens, NUM_HEADS, HEAD_DIM), randn(num_tokens, NUM_KV_HEADS, HEAD_DIM)
-    angles = torch.arange(num_tokens, device=DEVICE)[:, None] * torch.logspace(
-        0, -4, HEAD_DIM // 2, device=DEVICE
+    angles = torch.arange(num_tokens, device=device)[:, None] * torch.logspace(
+        0, -4, HEAD_DIM // 2, device=device
     )
     cos = torch.cat([angles.cos()] * 2, dim=-1).to(DTYPE)
     sin = torch.cat([angles.sin()] * 2, dim=-1).to(DTYPE)
@@ -76,26 +75,26 @@ def fused_ops(num_tokens: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def attention(seq_len: int, num_seqs: int) -> dict[str, dict[str, float]]:
+def attention(seq_len: int, num_seqs: int, device: torch.device) -> dict[str, dict[str, float]]:
     """Prefill (every position of each sequence) and decode (its last position) against sdpa."""
-    g = torch.Generator(device=DEVICE).manual_seed(1)
+    g = torch.Generator(device=device).manual_seed(1)
     blocks_per_seq = -(-seq_len // BLOCK_SIZE)
     num_blocks = num_seqs * blocks_per_seq
-    k = torch.randn(num_seqs, seq_len, NUM_KV_HEADS, HEAD_DIM, generator=g, device=DEVICE)
-    v = torch.randn(num_seqs, seq_len, NUM_KV_HEADS, HEAD_DIM, generator=g, device=DEVICE)
-    q = torch.randn(num_seqs, seq_len, NUM_HEADS, HEAD_DIM, generator=g, device=DEVICE)
+    k = torch.randn(num_seqs, seq_len, NUM_KV_HEADS, HEAD_DIM, generator=g, device=device)
+    v = torch.randn(num_seqs, seq_len, NUM_KV_HEADS, HEAD_DIM, generator=g, device=device)
+    q = torch.randn(num_seqs, seq_len, NUM_HEADS, HEAD_DIM, generator=g, device=device)
     k, v, q = k.to(DTYPE), v.to(DTYPE), q.to(DTYPE)
     key_cache = torch.zeros(
-        num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=DTYPE, device=DEVICE
+        num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=DTYPE, device=device
     )
     value_cache = torch.zeros_like(key_cache)
-    block_tables = torch.arange(num_blocks, dtype=torch.int32, device=DEVICE).view(num_seqs, -1)
-    positions = torch.arange(seq_len, device=DEVICE)
+    block_tables = torch.arange(num_blocks, dtype=torch.int32, device=device).view(num_seqs, -1)
+    positions = torch.arange(seq_len, device=device)
     slots = block_tables.long()[:, positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
     reference.reshape_and_cache(
         k.flatten(0, 1), v.flatten(0, 1), key_cache, value_cache, slots.flatten()
     )
-    seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32, device=device)
     scale = HEAD_DIM**-0.5
     group = NUM_HEADS // NUM_KV_HEADS
 
@@ -108,14 +107,14 @@ def attention(seq_len: int, num_seqs: int) -> dict[str, dict[str, float]]:
         )
         return out.transpose(1, 2)  # [S, len, heads, head_dim]
 
-    starts = torch.arange(num_seqs + 1, dtype=torch.int32, device=DEVICE) * seq_len
+    starts = torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * seq_len
     prefill = triton_kernels.paged_attention(
         q.flatten(0, 1), key_cache, value_cache, block_tables, seq_lens, starts, scale
     )
     last = q[:, -1:]
     decode = triton_kernels.paged_attention(
         last.flatten(0, 1), key_cache, value_cache, block_tables, seq_lens,
-        torch.arange(num_seqs + 1, dtype=torch.int32, device=DEVICE), scale,
+        torch.arange(num_seqs + 1, dtype=torch.int32, device=device), scale,
     )  # fmt: skip
     hf_prefill = sdpa(q, True).flatten(0, 1)
     out = {
@@ -137,12 +136,11 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
-    global DEVICE
-    DEVICE = torch.device(args.device)
+    device = torch.device(args.device)  # cpu: a smoke test only, under TRITON_INTERPRET=1
     # The demo agreement's prompts are 4-32 tokens and its contexts at most 96.
     results = {
-        **fused_ops(256),
-        **{k: v for n in (512, 96, 64, 32) for k, v in attention(n, 8).items()},
+        **fused_ops(256, device),
+        **{k: v for n in (512, 96, 64, 32) for k, v in attention(n, 8, device).items()},
     }
     for name, r in results.items():
         print(f"{name:40s} {r['differ']:8.2%} of elements differ, at most {r['max_ulps']} ulps")
@@ -150,7 +148,7 @@ def main() -> None:
         Path(args.json).write_text(
             json.dumps(
                 {
-                    "device": torch.cuda.get_device_name() if DEVICE.type == "cuda" else "cpu",
+                    "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                     **results,
                 }
             )

@@ -34,14 +34,6 @@ IN_DIM = 200
 NUM_UNUSED_ADAPTERS = 2  # table rows no batch slot maps to
 NUM_POISON_PAGES = 3  # pool pages no adapter owns
 
-BF16 = pytest.param(
-    torch.bfloat16,
-    id="bf16",
-    marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="Triton's CPU interpreter has no bfloat16 tl.dot"
-    ),
-)
-DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"), BF16]
 # Absolute tolerance of Triton vs reference, per input dtype (values are O(1)).
 ATOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
 

@@ -23,9 +23,9 @@ from loraplex.kernels.reference import lora as reference
 from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles, launch_lora_expand
 from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, ShrinkTiles, launch_lora_shrink
 from loraplex.kernels.triton.tile_table import TileTable
+from tests.kernels.interpreter_dtypes import DTYPES
 from tests.kernels.lora_inputs import (
     ATOL,
-    DTYPES,
     NAN,
     SENTINEL,
     LoRACase,

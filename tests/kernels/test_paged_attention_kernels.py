@@ -19,16 +19,9 @@ from loraplex.kernels.triton.paged_decode_attention import (
     DecodeAttentionTiles,
     launch_paged_decode_attention,
 )
+from tests.kernels.interpreter_dtypes import DTYPES
 from tests.kernels.paged_inputs import PagedBatch, make_paged_batch
 
-BF16 = pytest.param(
-    torch.bfloat16,
-    id="bf16",
-    marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="Triton's CPU interpreter has no bfloat16 tl.dot"
-    ),
-)
-DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"), BF16]
 ATOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 

@@ -19,9 +19,9 @@ from loraplex.kernels.reference import lora as reference
 from loraplex.kernels.reference.fused_ops import silu_and_mul
 from loraplex.kernels.triton.lora_expand import ExpandTiles
 from loraplex.kernels.triton.silu_and_mul_lora import SILU_LORA_TILES, launch_silu_and_mul_lora
+from tests.kernels.interpreter_dtypes import DTYPES
 from tests.kernels.lora_inputs import (
     ATOL,
-    DTYPES,
     LoRACase,
     LoRAKernelInputs,
     lora_case,

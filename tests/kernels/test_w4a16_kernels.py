@@ -10,17 +10,11 @@ import pytest
 import torch
 
 from loraplex.kernels import reference
+from tests.kernels.interpreter_dtypes import BF16
 from tests.kernels.w4a16_inputs import w4a16_inputs
 
 TOLERANCES = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
 TILES = (16, 16, 32, 4)  # small tiles keep the interpreter quick (block m, n, k, warps)
-BF16 = pytest.param(
-    torch.bfloat16,
-    id="bf16",
-    marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="Triton's CPU interpreter has no bfloat16 tl.dot"
-    ),
-)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16], ids=str)
