@@ -11,7 +11,9 @@ place at the output's RMS (ulp). RMSNorm, RoPE and SiLU-and-mul are compared wit
 kernels/reference (HF's math, rounding point for rounding point); paged attention with
 `F.scaled_dot_product_attention` as HF's sdpa attention calls it (prefill: causal over the
 prompt, with the table's tiles and then with KV tiles of 32 to 128; decode: one query over the
-whole context).
+whole context), how far each side is from the float32 result, and the same at the Llama-3-8B
+head shape (32 query and 8 KV heads of 128). Last, the linear layers' cuBLAS GEMMs as the engine
+shapes them (fused projections, many rows a step) against HF's shapes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from loraplex.kernels import triton as triton_kernels
 from loraplex.kernels.triton.paged_attention import AttentionTiles, launch_paged_attention
 
 HIDDEN, INTERMEDIATE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 576, 1536, 9, 3, 64
+VOCAB_SIZE = 49152
+DEMO_HEADS = (NUM_HEADS, NUM_KV_HEADS, HEAD_DIM)
+LLAMA3_8B_HEADS = (32, 8, 128)
 BLOCK_SIZE = 16
 PREFILL_TILE_NS = (32, 64, 128)
 DTYPE = torch.bfloat16
@@ -75,17 +80,22 @@ def fused_ops(num_tokens: int, device: torch.device) -> dict[str, dict[str, floa
     return out
 
 
-def attention(seq_len: int, num_seqs: int, device: torch.device) -> dict[str, dict[str, float]]:
-    """Prefill (every position of each sequence) and decode (its last position) against sdpa."""
+def attention(
+    seq_len: int, num_seqs: int, device: torch.device, heads: tuple[int, int, int] = DEMO_HEADS
+) -> dict[str, dict[str, float]]:
+    """Prefill (every position of each sequence) and decode (its last position) against sdpa,
+    for heads = (query heads, kv heads, head dim)."""
+    num_heads, num_kv_heads, head_dim = heads
+    label = "" if heads == DEMO_HEADS else f" [head dim {head_dim}]"
     g = torch.Generator(device=device).manual_seed(1)
     blocks_per_seq = -(-seq_len // BLOCK_SIZE)
     num_blocks = num_seqs * blocks_per_seq
-    k = torch.randn(num_seqs, seq_len, NUM_KV_HEADS, HEAD_DIM, generator=g, device=device)
-    v = torch.randn(num_seqs, seq_len, NUM_KV_HEADS, HEAD_DIM, generator=g, device=device)
-    q = torch.randn(num_seqs, seq_len, NUM_HEADS, HEAD_DIM, generator=g, device=device)
+    k = torch.randn(num_seqs, seq_len, num_kv_heads, head_dim, generator=g, device=device)
+    v = torch.randn(num_seqs, seq_len, num_kv_heads, head_dim, generator=g, device=device)
+    q = torch.randn(num_seqs, seq_len, num_heads, head_dim, generator=g, device=device)
     k, v, q = k.to(DTYPE), v.to(DTYPE), q.to(DTYPE)
     key_cache = torch.zeros(
-        num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=DTYPE, device=device
+        num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, dtype=DTYPE, device=device
     )
     value_cache = torch.zeros_like(key_cache)
     block_tables = torch.arange(num_blocks, dtype=torch.int32, device=device).view(num_seqs, -1)
@@ -95,17 +105,17 @@ def attention(seq_len: int, num_seqs: int, device: torch.device) -> dict[str, di
         k.flatten(0, 1), v.flatten(0, 1), key_cache, value_cache, slots.flatten()
     )
     seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32, device=device)
-    scale = HEAD_DIM**-0.5
-    group = NUM_HEADS // NUM_KV_HEADS
+    scale = head_dim**-0.5
+    group = num_heads // num_kv_heads
 
-    def sdpa(query: torch.Tensor, causal: bool) -> torch.Tensor:
+    def sdpa(query: torch.Tensor, causal: bool, dtype: torch.dtype = DTYPE) -> torch.Tensor:
         # HF's sdpa_attention_forward: repeat_kv, then [S, heads, len, head_dim] in
-        keys = k.repeat_interleave(group, dim=2).transpose(1, 2)
-        values = v.repeat_interleave(group, dim=2).transpose(1, 2)
+        keys = k.to(dtype).repeat_interleave(group, dim=2).transpose(1, 2)
+        values = v.to(dtype).repeat_interleave(group, dim=2).transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            query.transpose(1, 2), keys, values, is_causal=causal, scale=scale
+            query.to(dtype).transpose(1, 2), keys, values, is_causal=causal, scale=scale
         )
-        return out.transpose(1, 2)  # [S, len, heads, head_dim]
+        return out.transpose(1, 2).to(DTYPE)  # [S, len, heads, head_dim]
 
     starts = torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * seq_len
     prefill = triton_kernels.paged_attention(
@@ -116,10 +126,17 @@ def attention(seq_len: int, num_seqs: int, device: torch.device) -> dict[str, di
         last.flatten(0, 1), key_cache, value_cache, block_tables, seq_lens,
         torch.arange(num_seqs + 1, dtype=torch.int32, device=device), scale,
     )  # fmt: skip
-    hf_prefill = sdpa(q, True).flatten(0, 1)
+    hf_prefill, hf_decode = sdpa(q, True).flatten(0, 1), sdpa(last, False).flatten(0, 1)
+    # float32 math rounded once: how far each side's rounding is from the exact result
+    exact_prefill = sdpa(q, True, torch.float32).flatten(0, 1)
+    exact_decode = sdpa(last, False, torch.float32).flatten(0, 1)
     out = {
         f"prefill attention ({seq_len} tokens)": differ(prefill, hf_prefill),
-        f"decode attention (context {seq_len})": differ(decode, sdpa(last, False).flatten(0, 1)),
+        f"decode attention (context {seq_len})": differ(decode, hf_decode),
+        f"  prefill ({seq_len}) vs float32: Triton": differ(prefill, exact_prefill),
+        f"  prefill ({seq_len}) vs float32: HF": differ(hf_prefill, exact_prefill),
+        f"  decode ({seq_len}) vs float32: Triton": differ(decode, exact_decode),
+        f"  decode ({seq_len}) vs float32: HF": differ(hf_decode, exact_decode),
     }
     for tile_n in PREFILL_TILE_NS:  # the KV tile decides where P is rounded before rescaling
         tiles = AttentionTiles(block_m=128, tile_n=tile_n, num_warps=8, num_stages=2)
@@ -128,6 +145,35 @@ def attention(seq_len: int, num_seqs: int, device: torch.device) -> dict[str, di
             None, tiles,
         )  # fmt: skip
         out[f"  prefill, {seq_len} tokens, KV tiles of {tile_n}"] = differ(tiled, hf_prefill)
+    return {name + label: result for name, result in out.items()}
+
+
+def linear_layers(device: torch.device) -> dict[str, dict[str, float]]:
+    """cuBLAS, not Triton: the engine's fused projections (one GEMM for q, k and v, one for gate
+    and up) against HF's separate GEMMs of the same weights, and the LM head's rows of a 64-row
+    step against one row at a time (HF's decode), at the token counts of the demo agreement. A
+    GEMM of another shape may take another kernel, and so another order of its float32 sums."""
+    g = torch.Generator(device=device).manual_seed(2)
+
+    def randn(*shape: int, scale: float) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, device=device) * scale).to(DTYPE)
+
+    kv_size = NUM_KV_HEADS * HEAD_DIM
+    fused = {
+        "qkv_proj": [randn(n, HIDDEN, scale=HIDDEN**-0.5) for n in (HIDDEN, kv_size, kv_size)],
+        "gate_up_proj": [randn(INTERMEDIATE, HIDDEN, scale=HIDDEN**-0.5) for _ in range(2)],
+    }
+    lm_head = randn(VOCAB_SIZE, HIDDEN, scale=HIDDEN**-0.5)
+    out = {}
+    for num_tokens in (1, 8, 32, 64):
+        x = randn(num_tokens, HIDDEN, scale=1.0)
+        for name, weights in fused.items():
+            together = F.linear(x, torch.cat(weights))
+            separate = torch.cat([F.linear(x, w) for w in weights], dim=1)
+            out[f"{name}: fused vs separate, {num_tokens} tokens"] = differ(together, separate)
+    step = randn(64, HIDDEN, scale=1.0)
+    one_at_a_time = torch.cat([F.linear(row[None], lm_head) for row in step])
+    out["lm_head: 64 rows vs one row at a time"] = differ(F.linear(step, lm_head), one_at_a_time)
     return out
 
 
@@ -141,9 +187,11 @@ def main() -> None:
     results = {
         **fused_ops(256, device),
         **{k: v for n in (512, 96, 64, 32) for k, v in attention(n, 8, device).items()},
+        **{k: v for n in (512, 96) for k, v in attention(n, 8, device, LLAMA3_8B_HEADS).items()},
+        **linear_layers(device),
     }
     for name, r in results.items():
-        print(f"{name:40s} {r['differ']:8.2%} of elements differ, at most {r['max_ulps']} ulps")
+        print(f"{name:56s} {r['differ']:8.2%} of elements differ, at most {r['max_ulps']} ulps")
     if args.json:
         Path(args.json).write_text(
             json.dumps(

@@ -9,7 +9,8 @@ the real and imaginary parts, so with x = [x1 | x2] and cos = [c1 | c2], sin = [
 One program per token loads that token's cos/sin row once and rotates all its query heads,
 then all its key heads ([heads, head_dim / 2] tiles). Replaces the reference's cat / neg / mul
 / add kernels per tensor. Each product is rounded to the dtype before the add, as the
-reference's separate ops round.
+reference's separate ops round: the launch turns Triton's FP fusion off, which would otherwise
+contract each product and its add into one bf16 FMA (one rounding instead of two).
 
 Out of place, into new contiguous [T, H, D] tensors: q and k arrive as strided views of the
 fused qkv output, and attention and the KV-cache write want them contiguous, so writing fresh
@@ -162,5 +163,7 @@ def apply_rotary_pos_emb(
         KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HALF_PAD=triton.next_power_of_2(half),
         num_warps=NUM_WARPS,
+        # No FMA contraction: x * cos is rounded to the dtype before the add, as in HF.
+        enable_fp_fusion=False,
     )
     return q_out, k_out
