@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One lease, one script: the GPU tests first, then timing. On the device machine, from the repo
 # root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput; also attention,
-# lora, many, serve, quant, w4a16, tp, prio, agreement); results go to $OUT (or bench/results/tmp).
+# lora, many, serve, quant, w4a16, tp, prio, agreement, rounding); results go to $OUT (or
+# bench/results/tmp).
 #
 # The device has torch, triton, transformers and peft, but not this package and no package
 # index: build the wheel here first (`make wheel`, into the git-ignored .whl/), carry .whl/ along,
@@ -144,8 +145,17 @@ c.find_smollm2_gguf = lambda: pathlib.Path(sys.argv[1]); c.write_smollm2_checkpo
                for seqs in ${AGREE_SEQS-1 16}; do
                  echo "--- max_num_seqs $seqs" | tee -a "$OUT/agreement.txt"
                  agree --max-num-seqs $seqs --json "$OUT/agreement_seqs$seqs.json" | tee -a "$OUT/agreement.txt"
-               done; };;
-    *) echo "unknown step $step (env gpu-tests attention kernels tput lora many serve quant w4a16 tp prio agreement)" >&2; false;;
+               done
+               # op by op, where the engine's forward first rounds unlike HF's (prompts alone)
+               limit 240 python3 bench/layer_divergence.py --model /tmp/smol --device cuda \
+                 --prompts ${DIVERGENCE_PROMPTS:-0,1,2,3,4,5,6,7} --json "$OUT/layer_divergence.json" 2>&1 \
+                 | grep -v Loading | tee "$OUT/layer_divergence.txt"; };;
+    rounding) # each kernel's rounding against HF's math and cuBLAS's at the engine's GEMM shapes,
+              # then SDPA's backend and the decode KV tile that rounds as it does
+              limit 120 python3 bench/kernel_rounding.py --json "$OUT/kernel_rounding.json" 2>&1 \
+                | tee "$OUT/kernel_rounding.txt" &&
+              limit 120 python3 bench/sdpa_tiles.py ${SDPA_ARGS:-} 2>&1 | tee "$OUT/sdpa_tiles.txt";;
+    *) echo "unknown step $step (env gpu-tests attention kernels tput lora many serve quant w4a16 tp prio agreement rounding)" >&2; false;;
   esac
   rc=$?
   echo "=== $step: exit $rc"
