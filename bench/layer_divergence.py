@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from kernel_rounding import differ
 from quant_accuracy import corpus_prompts, model_dir_or_demo
 from torch import nn
 from transformers import AutoModelForCausalLM
@@ -44,8 +45,7 @@ LINEARS = {
 
 
 def share_differ(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return round(float((a != b).float().mean()), 5)
+    return differ(a, b)["differ"]
 
 
 class Recorder:
@@ -76,7 +76,7 @@ def watch_hf(model: nn.Module, recorder: Recorder) -> None:
     for i, layer in enumerate(model.model.layers):
         recorder.watch(f"{i}.input_layernorm", layer.input_layernorm)
         recorder.watch(f"{i}.post_attention_layernorm", layer.post_attention_layernorm)
-        for _, (parent, names) in LINEARS.items():
+        for parent, names in LINEARS.values():
             for name in names:
                 recorder.watch(f"{i}.{name}", getattr(getattr(layer, parent), name))
         recorder.watch(f"{i}.layer", layer)
@@ -154,7 +154,7 @@ def main() -> None:
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
     hf_weights: dict[str, torch.Tensor] = {}
     for i, layer in enumerate(hf.model.layers):
-        for _, (parent, names) in LINEARS.items():
+        for parent, names in LINEARS.values():
             for name in names:
                 hf_weights[f"{i}.{name}"] = getattr(getattr(layer, parent), name).weight.detach()
     llm = LLM(str(model_dir), device=args.device, dtype=args.dtype, enable_prefix_caching=False,

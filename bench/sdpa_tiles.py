@@ -18,6 +18,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from kernel_rounding import differ
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from loraplex.kernels.triton.paged_decode_attention import (
@@ -37,7 +38,7 @@ BLOCK_SIZE = 16
 
 
 def share_differ(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a != b).float().mean())
+    return differ(a, b)["differ"]
 
 
 def backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> str:
