@@ -9,6 +9,13 @@ the residual), forms the sum, reduces mean(x^2) in float32 and writes out. The r
 are the reference's (kernels/reference/fused_ops.py): the residual sum is rounded to the dtype
 before it is normalized, the normalized row is rounded to the dtype before the weight multiply.
 Out of place: the inputs are not modified.
+
+The sum of squares adds in the order PyTorch's CUDA reduction adds one row alone
+(`row_sum_cuda_order`, the order of HF's `pow(2).mean(-1)` at a decode step), and the mean is
+that sum times float32(1 / hidden_size), as PyTorch scales it. Another order moves the variance
+by an ulp now and then, which flips a bf16 rounding of the normalized row and, through greedy
+near-ties, the continuation. The order does not depend on the number of rows: a row's result is
+the same in any batch. Squares and sums are rounded separately (no FMA contraction).
 """
 
 from __future__ import annotations
@@ -17,6 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.reference.fused_ops import (
+    ROW_SUM_VECTOR,
+    inverse_float32,
+    row_sum_lanes,
+)
 from loraplex.kernels.triton.launch_checks import check, check_contiguous_last_dim, check_one_device
 
 OP = "rms_norm"
@@ -33,6 +45,42 @@ def _num_warps(block: int) -> int:
 
 
 @triton.jit
+def _row_sum_of_squares(  # type: ignore[no-untyped-def]
+    x_row_ptr,
+    residual_row_ptr,
+    HIDDEN_SIZE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    VECTORIZED: tl.constexpr,
+    LANES: tl.constexpr,
+    STEPS: tl.constexpr,
+    VECTOR: tl.constexpr,
+    HALVINGS: tl.constexpr,
+):
+    """sum(x^2) of one row (x + residual, rounded, with a residual) in `row_sum_cuda_order`."""
+    dtype = x_row_ptr.dtype.element_ty
+    lane = tl.arange(0, LANES)
+    lane_sums = tl.zeros((LANES,), dtype=tl.float32)  # 0 + a0 is a0: ((a0 + a1) + a2) + a3
+    for i in tl.static_range(VECTOR):
+        acc = tl.zeros((LANES,), dtype=tl.float32)
+        for s in tl.static_range(STEPS):
+            if VECTORIZED:
+                offs = VECTOR * (lane + s * LANES) + i
+            else:
+                offs = lane + (VECTOR * s + i) * LANES
+            mask = offs < HIDDEN_SIZE
+            v = tl.load(x_row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                r = tl.load(residual_row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                v = (v + r).to(dtype).to(tl.float32)
+            acc += v * v
+        lane_sums += acc
+    # Lane l adds lane l + half until one is left. Each tl.sum is over an axis of 2: one add.
+    for k in tl.static_range(HALVINGS):
+        lane_sums = tl.sum(tl.reshape(lane_sums, (2, LANES >> (k + 1))), axis=0)
+    return tl.sum(lane_sums, axis=0)
+
+
+@triton.jit
 def _rms_norm_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     residual_ptr,
@@ -44,9 +92,15 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def]
     stride_out,
     stride_new_residual,
     eps,
+    inv_hidden_size,
     HIDDEN_SIZE: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    VECTORIZED: tl.constexpr,
+    LANES: tl.constexpr,
+    STEPS: tl.constexpr,
+    VECTOR: tl.constexpr,
+    HALVINGS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -60,7 +114,18 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def]
         tl.store(new_residual_ptr + row * stride_new_residual + offs, summed, mask=mask)
         x = summed.to(tl.float32)
 
-    variance = tl.sum(x * x, axis=0) / HIDDEN_SIZE
+    sum_sq = _row_sum_of_squares(
+        x_ptr + row * stride_x,
+        residual_ptr + row * stride_residual,
+        HIDDEN_SIZE,
+        HAS_RESIDUAL,
+        VECTORIZED,
+        LANES,
+        STEPS,
+        VECTOR,
+        HALVINGS,
+    )
+    variance = sum_sq * inv_hidden_size
     normed = (x * tl.rsqrt(variance + eps)).to(dtype).to(tl.float32)
     weight = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_out + offs, (weight * normed).to(dtype), mask=mask)
@@ -89,6 +154,7 @@ def _launch(
     if num_tokens == 0:
         return out, new_residual
     block = triton.next_power_of_2(hidden_size)
+    vectorized, lanes = row_sum_lanes(hidden_size)
     # Without a residual the residual pointers are never read: pass x / out as placeholders.
     res_in = x if residual is None else residual
     res_out = out if new_residual is None else new_residual
@@ -103,10 +169,17 @@ def _launch(
         out.stride(0),
         res_out.stride(0),
         eps,
+        inverse_float32(hidden_size),
         HIDDEN_SIZE=hidden_size,
         BLOCK=block,
         HAS_RESIDUAL=residual is not None,
+        VECTORIZED=vectorized,
+        LANES=lanes,
+        STEPS=triton.cdiv(hidden_size, ROW_SUM_VECTOR * lanes),
+        VECTOR=ROW_SUM_VECTOR,
+        HALVINGS=lanes.bit_length() - 1,
         num_warps=_num_warps(block),
+        enable_fp_fusion=False,  # x * x and the adds round apart, as PyTorch's ops do
     )
     return out, new_residual
 

@@ -94,6 +94,26 @@ def test_triton_fused_add_rms_norm_matches_reference(
     assert torch.equal(x, x_before) and torch.equal(residual, residual_before)  # out of place
 
 
+@pytest.mark.parametrize("hidden_size", [5, 96, 200, 576])
+@pytest.mark.parametrize("residual", [False, True])
+def test_triton_rms_norm_sums_squares_in_pytorchs_row_order(
+    fused: SimpleNamespace, device: torch.device, hidden_size: int, residual: bool
+) -> None:
+    """float32 bit for bit with the reference math whose mean is `row_sum_cuda_order` times
+    float32(1 / hidden_size): the order the kernel claims (bench/row_sum_order.py checks the
+    claim against PyTorch on a GPU)."""
+    x = torch.randn(9, hidden_size, device=device) * torch.exp(torch.randn(9, 1, device=device))
+    res = torch.randn_like(x)
+    weight = 1 + 0.1 * torch.randn(hidden_size, device=device)
+    if residual:
+        out, _ = fused.rms_norm.fused_add_rms_norm(x, res, weight, 1e-5)
+        x = x + res
+    else:
+        out = fused.rms_norm.rms_norm(x, weight, 1e-5)
+    mean = reference.row_sum_cuda_order(x * x) * reference.inverse_float32(hidden_size)
+    assert torch.equal(out, weight * (x * torch.rsqrt(mean[:, None] + 1e-5)))
+
+
 def test_triton_rms_norm_rejects_mismatched_weight(
     fused: SimpleNamespace, device: torch.device
 ) -> None:
