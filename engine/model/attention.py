@@ -102,5 +102,6 @@ class Attention(nn.Module):
             attn.query_start_loc,
             self.scale,
             self.sliding_window,
+            attn.num_decode_seqs,
         )
         return self.o_proj(out.view(num_tokens, self.q_size), ctx, residual)  # [T, hidden_size]

@@ -28,6 +28,9 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
     max_query_len: int
     max_seq_len: int
+    # How many leading sequences have one query token (decodes), counted on the host: a step
+    # that mixes them with prefill chunks runs them through the decode kernel.
+    num_decode_seqs: int = 0
 
 
 class LoRAApplier(Protocol):

@@ -25,6 +25,16 @@ class ModelInputs:
     placeholder_request_ids: list[str] = field(default_factory=list)
 
 
+def count_leading_decodes(scheduled: list[ScheduledRequest]) -> int:
+    """How many requests at the front of the step have one new token each."""
+    count = 0
+    for item in scheduled:
+        if item.num_new_tokens != 1:
+            break
+        count += 1
+    return count
+
+
 def prepare_inputs(
     scheduled: list[ScheduledRequest], block_size: int, device: torch.device
 ) -> ModelInputs:
@@ -75,6 +85,7 @@ def prepare_inputs(
         query_start_loc=to_device(query_start_loc, torch.int32, device),
         max_query_len=max(s.num_new_tokens for s in scheduled),
         max_seq_len=max(seq_lens),
+        num_decode_seqs=count_leading_decodes(scheduled),
     )
     return ModelInputs(
         input_ids=to_device(input_ids, torch.int64, device),

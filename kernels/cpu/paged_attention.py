@@ -34,6 +34,7 @@ def paged_attention(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
     sliding_window: int | None = None,
+    num_decode_seqs: int = 0,  # a hint for the Triton path's kernel choice; unused here
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's query tokens over its cached K/V."""
     num_seqs = seq_lens.shape[0]

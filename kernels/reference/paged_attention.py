@@ -40,8 +40,12 @@ def paged_attention(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
     sliding_window: int | None = None,
+    num_decode_seqs: int = 0,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Causal attention of each sequence's query tokens over its cached K/V."""
+    """Causal attention of each sequence's query tokens over its cached K/V.
+
+    `num_decode_seqs` (leading sequences of one query token) only lets the Triton path split
+    a mixed step by kernel; the result is the same math either way."""
     num_seqs = seq_lens.shape[0]
     if query.shape[0] == num_seqs:  # one query token per sequence: decode, batched
         return _decode_attention(

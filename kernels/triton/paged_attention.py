@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.triton.attention_tile import load_kv_tile, online_softmax_step
-from loraplex.kernels.triton.paged_attention_args import check_paged_attention_args
+from loraplex.kernels.triton.paged_attention_args import check_out, check_paged_attention_args
 from loraplex.kernels.triton.paged_decode_attention import (
     DECODE_ATTENTION_TILES,
     launch_paged_decode_attention,
@@ -217,21 +217,39 @@ def paged_attention(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     scale: float,
     sliding_window: int | None = None,
+    num_decode_seqs: int = 0,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's query tokens over its cached K/V.
 
     A decode step (one query token per sequence) runs split-KV (paged_decode_attention.py);
     anything else runs this module's kernel with ATTENTION_TILES' row for the number of query
-    tokens per sequence. Rows of tokens past query_start_loc[-1] (padding) are left
-    uninitialised, as in the reference.
+    tokens per sequence. `num_decode_seqs`: the leading sequences known (on the host) to have
+    one query token each; in a step that mixes them with prefill chunks they run split-KV too,
+    into the same output. Through this module's kernel each would take a whole query tile for
+    one token and read its context with mostly empty rows. Rows of tokens past
+    query_start_loc[-1] (padding) are left uninitialised, as in the reference.
     """
     args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
     num_seqs = block_tables.shape[0]
     if query.shape[0] == num_seqs and num_seqs > 0:
         decode_tiles = DECODE_ATTENTION_TILES.lookup(num_seqs * key_cache.shape[-2])
         return launch_paged_decode_attention(*args, scale, sliding_window, decode_tiles)
-    tiles = ATTENTION_TILES.lookup(triton.cdiv(query.shape[0], max(1, num_seqs)))
-    return launch_paged_attention(*args, scale, sliding_window, tiles)
+    if not 0 < num_decode_seqs < num_seqs:
+        tiles = ATTENTION_TILES.lookup(triton.cdiv(query.shape[0], max(1, num_seqs)))
+        return launch_paged_attention(*args, scale, sliding_window, tiles)
+    d = num_decode_seqs  # decode tokens are rows 0..d-1; the chunks' start at row d
+    out = torch.empty_like(query)
+    decode_tiles = DECODE_ATTENTION_TILES.lookup(d * key_cache.shape[-2])
+    decode_args = (query[:d], key_cache, value_cache, block_tables[:d], seq_lens[:d])
+    launch_paged_decode_attention(
+        *decode_args, query_start_loc[: d + 1], scale, sliding_window, decode_tiles, out[:d]
+    )
+    tiles = ATTENTION_TILES.lookup(triton.cdiv(query.shape[0] - d, num_seqs - d))
+    chunk_args = (query[d:], key_cache, value_cache, block_tables[d:], seq_lens[d:])
+    launch_paged_attention(
+        *chunk_args, query_start_loc[d:] - d, scale, sliding_window, tiles, out[d:]
+    )
+    return out
 
 
 def launch_paged_attention(
@@ -244,14 +262,16 @@ def launch_paged_attention(
     scale: float,
     sliding_window: int | None,
     tiles: AttentionTiles,
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]: written in place
 ) -> torch.Tensor:
-    """`paged_attention` with the given tiles instead of the table's."""
+    """`paged_attention` with the given tiles instead of the table's (one launch, no decode
+    split), into `out` (a new tensor if None)."""
     args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
     check_paged_attention_args(OP, *args, sliding_window)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     num_seqs = block_tables.shape[0]
-    out = torch.empty_like(query)
+    out = check_out(OP, query, out)
     if num_tokens == 0 or num_seqs == 0:
         return out
     num_queries_per_kv = num_heads // num_kv_heads

@@ -49,3 +49,14 @@ def check_paged_attention_args(
     check_contiguous_last_dim(op, query=query, key_cache=key_cache, value_cache=value_cache)
     check(op, sliding_window is None or sliding_window > 0, "sliding_window must be > 0 or None")
     check_one_device(op, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+
+
+def check_out(op: str, query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """`out` checked to take the launch's output ([num_tokens, num_heads, head_dim], query's
+    dtype and device, contiguous last dim), or a new tensor like query if None."""
+    if out is None:
+        return torch.empty_like(query)
+    check(op, out.shape == query.shape, f"out must be {tuple(query.shape)}, got {tuple(out.shape)}")
+    check(op, out.dtype == query.dtype and out.device == query.device, "out must match query")
+    check_contiguous_last_dim(op, out=out)
+    return out

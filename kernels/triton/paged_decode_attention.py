@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.triton.attention_tile import load_kv_tile, online_softmax_step
-from loraplex.kernels.triton.paged_attention_args import check_paged_attention_args
+from loraplex.kernels.triton.paged_attention_args import check_out, check_paged_attention_args
 from loraplex.kernels.triton.tile_table import MIN_DOT_DIM, TileTable, check_dot_tiles
 
 OP = "paged_decode_attention"
@@ -261,16 +261,17 @@ def launch_paged_decode_attention(
     scale: float,
     sliding_window: int | None,
     tiles: DecodeAttentionTiles,
+    out: torch.Tensor | None = None,  # [num_seqs, num_heads, head_dim]: written in place
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """Decode attention with the given tiles and split policy (two launches; one when
-    `tiles.max_splits` is 1)."""
+    `tiles.max_splits` is 1), into `out` (a new tensor if None)."""
     args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
     check_paged_attention_args(OP, *args, sliding_window)
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     if query.shape[0] != block_tables.shape[0]:
         raise ValueError(f"{OP}: needs one query token per sequence")
-    out = torch.empty_like(query)
+    out = check_out(OP, query, out)
     if num_seqs == 0:
         return out
     num_queries_per_kv = num_heads // num_kv_heads

@@ -280,3 +280,19 @@ def test_a_step_failing_when_its_tokens_are_read_fails_only_its_requests(
     assert list(outputs) == ["late"] and len(outputs["late"].outputs[0].token_ids) == 3
     kv = engine.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_inputs_count_the_leading_decodes_of_a_mixed_step() -> None:
+    s = make_scheduler(block_size=4)
+    s.add_request(make_request("a", 6, max_tokens=4))
+    first = s.schedule()  # a's prompt
+    assert prepare_inputs(first.scheduled, 4, torch.device("cpu")).attn.num_decode_seqs == 0
+    s.add_request(make_request("b", 5, max_tokens=4))
+    second = s.schedule()  # a decodes (its token in flight), b's prompt after it
+    assert [i.num_new_tokens for i in second.scheduled] == [1, 5]
+    inputs = prepare_inputs(second.scheduled, 4, torch.device("cpu"))
+    assert inputs.attn.num_decode_seqs == 1
+    s.update_from_output(first, sampled(first))
+    s.update_from_output(second, sampled(second))
+    third = s.schedule()  # both decode
+    assert prepare_inputs(third.scheduled, 4, torch.device("cpu")).attn.num_decode_seqs == 2

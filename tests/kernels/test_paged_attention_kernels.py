@@ -112,6 +112,46 @@ def test_triton_matches_reference(
     torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
 
 
+# Three leading decodes, then a fresh prompt, a chunk, and a decode that is not leading.
+LEADING_DECODES = ([12, 40, 3, 5, 70, 33], [1, 1, 1, 5, 30, 1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+@pytest.mark.parametrize("sliding_window", [None, 8])
+def test_mixed_step_runs_leading_decodes_split_kv(
+    triton_kernels: ModuleType,
+    device: torch.device,
+    num_heads: int,
+    num_kv_heads: int,
+    sliding_window: int | None,
+    dtype: torch.dtype,
+) -> None:
+    """With `num_decode_seqs`, a mixed step's leading decodes go through the decode kernel
+    (bit for bit what a decode step of them alone gives) and the rest through the prefill
+    kernel, into one output that matches the reference."""
+    seq_lens, q_lens = LEADING_DECODES
+    batch = make_paged_batch(seq_lens, q_lens, num_heads, num_kv_heads, 32, 16, dtype, device)
+    scale = 32**-0.5
+    actual = triton_kernels.paged_attention(*batch.args, scale, sliding_window, 3)
+    expected = reference.paged_attention(*batch.args, scale, sliding_window)
+    torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
+    decodes_alone = triton_kernels.paged_attention(
+        batch.query[:3],
+        batch.key_cache,
+        batch.value_cache,
+        batch.block_tables[:3],
+        batch.seq_lens[:3],
+        batch.query_start_loc[:4],
+        scale,
+        sliding_window,
+    )
+    assert torch.equal(actual[:3], decodes_alone)
+    # Without the hint the whole step runs through the prefill kernel: the same attention.
+    unsplit = triton_kernels.paged_attention(*batch.args, scale, sliding_window)
+    torch.testing.assert_close(actual, unsplit, atol=ATOL[dtype], rtol=1e-2)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sliding_window", [1, 8, 20, 1000])
 @pytest.mark.parametrize("batch_kind", ["mixed", "decode"])
