@@ -217,6 +217,7 @@ def to_device(inputs: ModelInputs, device: torch.device) -> ModelInputs:
             query_start_loc=attn.query_start_loc.to(device),
             max_query_len=attn.max_query_len,
             max_seq_len=attn.max_seq_len,
+            num_decode_seqs=attn.num_decode_seqs,
         ),
         logits_indices=inputs.logits_indices.to(device),
         sample_requests=inputs.sample_requests,
