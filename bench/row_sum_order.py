@@ -5,7 +5,9 @@ the Triton RMSNorm's sum) against `x.pow(2).sum(-1)` and HF's `pow(2).mean(-1)` 
 
 For each hidden size and batch size T (rows reduced in one call: T = 1 at HF's decode step), the
 share of rows whose sum equals each candidate order bit for bit: the layout `row_sum_lanes`
-picks, and every other (vectorized, lanes, warp) for comparison. Then the Triton RMSNorm against
+picks, and every other (vectorized, lanes) for comparison. (A first form also tried an
+adjacent-pairs tree within the last warp: no row matched it, bench/results/
+h200-684065b-rms-order-mixed-split/call3.) Then the Triton RMSNorm against
 HF's math run on each row alone. Random rows of mixed scale; a wrong order differs in a large
 share of rows (the sum's last bit), not in a few.
 """
@@ -29,13 +31,7 @@ HIDDEN_SIZES = (64, 96, 576, 960, 2048, 3584, 4096, 5120, 8192)
 BATCHES = (1, 4, 8, 16, 64)
 
 
-def candidates(n: int) -> list[tuple[bool, int, int]]:
-    return [
-        (vectorized, lanes, warp)
-        for vectorized in (True, False)
-        for lanes in (32, 64, 128, 256, 512)
-        for warp in (32, 1)
-    ]
+LAYOUTS = [(vectorized, lanes) for vectorized in (True, False) for lanes in (32, 64, 128, 256, 512)]
 
 
 def torch_sums(x: torch.Tensor, batch: int) -> torch.Tensor:
@@ -57,9 +53,9 @@ def main() -> None:
         for batch in BATCHES:
             sums = torch_sums(x, batch)
             matches = {}
-            for vectorized, lanes, warp in candidates(n):
-                ours = row_sum_cuda_order(squares, (vectorized, lanes), warp)
-                matches[f"vec={int(vectorized)} lanes={lanes} warp={warp}"] = round(
+            for vectorized, lanes in LAYOUTS:
+                ours = row_sum_cuda_order(squares, (vectorized, lanes))
+                matches[f"vec={int(vectorized)} lanes={lanes}"] = round(
                     (ours == sums).float().mean().item(), 4
                 )
             default = row_sum_cuda_order(squares)

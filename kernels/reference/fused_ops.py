@@ -40,7 +40,7 @@ def row_sum_lanes(hidden_size: int) -> tuple[bool, int]:
 
 
 def row_sum_cuda_order(
-    values: torch.Tensor, layout: tuple[bool, int] | None = None, warp: int = 1
+    values: torch.Tensor, layout: tuple[bool, int] | None = None
 ) -> torch.Tensor:
     """values [num_rows, n] float32 -> [num_rows]: each row summed in the order in which
     PyTorch's CUDA reduction sums one row alone (the spec of the Triton RMSNorm's sum; float32
@@ -50,11 +50,9 @@ def row_sum_cuda_order(
       vectorized (n > 128): element 4 * (lane + s * lanes) + i,
       otherwise:            element lane + (4 * s + i) * lanes;
     the four combine as ((a0 + a1) + a2) + a3. Then lane l adds lane l + half, halving the
-    lanes until one is left. `layout` ((vectorized, lanes), default `row_sum_lanes(n)`) and
-    `warp` are for bench/row_sum_order.py, which checks this against PyTorch on a GPU (an
-    H200, torch 2.11: every row equal) beside other orders: with `warp` > 1, the last `warp`
-    lanes add adjacent pairs first instead (shuffles by increasing offsets), which PyTorch
-    does not do.
+    lanes until one is left. `layout` ((vectorized, lanes), default `row_sum_lanes(n)`) is for
+    bench/row_sum_order.py, which checks this against PyTorch on a GPU (an H200, torch 2.11:
+    every row equal) beside the other layouts.
     """
     num_rows, n = values.shape
     vectorized, lanes = layout or row_sum_lanes(n)
@@ -71,11 +69,9 @@ def row_sum_cuda_order(
     lane_sums = acc[..., 0]  # [num_rows, lanes]
     for i in range(1, ROW_SUM_VECTOR):
         lane_sums = lane_sums + acc[..., i]
-    while lane_sums.shape[1] > warp:
+    while lane_sums.shape[1] > 1:
         half = lane_sums.shape[1] // 2
         lane_sums = lane_sums[:, :half] + lane_sums[:, half:]
-    while lane_sums.shape[1] > 1:
-        lane_sums = lane_sums[:, 0::2] + lane_sums[:, 1::2]
     return lane_sums[:, 0]
 
 
