@@ -10,6 +10,7 @@ from loraplex.engine.distributed.tp_group import TensorParallel
 from loraplex.engine.model.forward_context import ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.linear import MergedLinear
+from loraplex.engine.model.quant.linear_method import QuantizedInput
 from loraplex.engine.model.quant.quant_config import QuantConfig
 from loraplex.kernels import apply_rotary_pos_emb, paged_attention, reshape_and_cache
 
@@ -72,14 +73,15 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         ctx: ForwardContext,
         residual: torch.Tensor,
+        quantized: QuantizedInput | None = None,
     ) -> torch.Tensor:
         """hidden [T, hidden_size]; cos, sin [T, head_dim] -> [T, hidden_size]
 
         `residual` [T, hidden_size]: the stream the output is added to next; o_proj's LoRA
-        deltas go there (MergedLinear).
+        deltas go there (MergedLinear). `quantized`: hidden as FP8, for an FP8 qkv_proj.
         """
         num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden, ctx)  # [T, q_size + 2 * kv_size]
+        qkv = self.qkv_proj(hidden, ctx, quantized=quantized)  # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # Strided views of qkv in; new contiguous [T, heads, head_dim] tensors out. v stays a
         # strided view: reshape_and_cache reads it in place (one copy less per layer).

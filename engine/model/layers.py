@@ -10,7 +10,14 @@ from typing import overload
 import torch
 from torch import nn
 
-from loraplex.kernels import fused_add_rms_norm, rms_norm, silu_and_mul
+from loraplex.engine.model.quant.linear_method import QuantizedInput
+from loraplex.kernels import (
+    fused_add_rms_norm,
+    fused_add_rms_norm_quant_fp8,
+    rms_norm,
+    rms_norm_quant_fp8,
+    silu_and_mul,
+)
 
 
 class RMSNorm(nn.Module):
@@ -44,6 +51,19 @@ class RMSNorm(nn.Module):
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
         return fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+    def forward_fp8(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, QuantizedInput]:
+        """forward's results and the normed output quantized to FP8 per token (the input of an
+        FP8 projection), in one pass: (normed, x + residual or None, QuantizedInput)."""
+        if residual is None:
+            out, values, scale = rms_norm_quant_fp8(x, self.weight, self.eps)
+            return out, None, QuantizedInput(values, scale)
+        out, new_residual, values, scale = fused_add_rms_norm_quant_fp8(
+            x, residual, self.weight, self.eps
+        )
+        return out, new_residual, QuantizedInput(values, scale)
 
 
 class SiluAndMul(nn.Module):

@@ -28,7 +28,7 @@ from torch import nn
 from loraplex.engine.distributed.sharding import ShardSpec
 from loraplex.engine.distributed.tp_group import TPGroup
 from loraplex.engine.model.forward_context import ForwardContext
-from loraplex.engine.model.quant.linear_method import LinearMethod
+from loraplex.engine.model.quant.linear_method import LinearMethod, QuantizedInput
 from loraplex.engine.model.quant.method_factory import create_linear_method
 from loraplex.engine.model.quant.quant_config import QuantConfig
 
@@ -85,8 +85,17 @@ class MergedLinear(nn.Module):
             start += size
         raise KeyError(f"{name!r} is not a slice of {self.slice_names}")
 
+    @property
+    def takes_fp8_input(self) -> bool:
+        """Whether a QuantizedInput of x (FP8 per token) saves this layer quantizing x itself."""
+        return self.method.takes_fp8_input
+
     def forward(
-        self, x: torch.Tensor, ctx: ForwardContext, residual: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        ctx: ForwardContext,
+        residual: torch.Tensor | None = None,
+        quantized: QuantizedInput | None = None,
     ) -> torch.Tensor:
         """x [T, input_size] -> [T, output_size]
 
@@ -95,32 +104,34 @@ class MergedLinear(nn.Module):
         same, and the whole LoRA, not only its shrink, may run beside the GEMM.
         """
         if ctx.lora is None:
-            return self._linear(x)
+            return self._linear(x, quantized)
         # The shrink only reads x, so it may run beside the base GEMM (on a side stream).
         shrunk = ctx.lora.begin(
             self.layer_idx, self.slice_names, self.slice_sizes, x, delta_into=residual
         )
-        y = self._linear(x)
+        y = self._linear(x, quantized)
         ctx.lora.finish(shrunk, y)
         return y
 
-    def forward_unexpanded(self, x: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, Any]:
+    def forward_unexpanded(
+        self, x: torch.Tensor, ctx: ForwardContext, quantized: QuantizedInput | None = None
+    ) -> tuple[torch.Tensor, Any]:
         """(y = x @ W.T (+ b) without the LoRA deltas, the step's shrink of x over every slice,
         an opaque handle, or None): for a consumer that adds the deltas itself (`LoRABatch.silu_and_mul`)."""
         if ctx.lora is None:
-            return self._linear(x), None
+            return self._linear(x, quantized), None
         shrunk = ctx.lora.begin(
             self.layer_idx, self.slice_names, self.slice_sizes, x, all_slices=True
         )
-        return self._linear(x), shrunk
+        return self._linear(x, quantized), shrunk
 
-    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, quantized: QuantizedInput | None = None) -> torch.Tensor:
         if self.reduce is not None:  # row-parallel: partial sums, then the bias once
-            y = self.reduce.all_reduce(self.method.apply(x))
+            y = self.reduce.all_reduce(self.method.apply(x, quantized))
             return y if self.bias is None else y + self.bias
         if type(self.method) is LinearMethod:  # dense: one fused GEMM + bias
             return F.linear(x, self.weight, self.bias)
-        y = self.method.apply(x)
+        y = self.method.apply(x, quantized)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

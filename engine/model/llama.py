@@ -18,8 +18,10 @@ from loraplex.engine.model.forward_context import ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.layers import RMSNorm, SiluAndMul
 from loraplex.engine.model.linear import MergedLinear
+from loraplex.engine.model.quant.linear_method import QuantizedInput
 from loraplex.engine.model.quant.quant_config import QuantConfig
 from loraplex.engine.model.rotary import RotaryEmbedding
+from loraplex.kernels import silu_and_mul_quant_fp8
 
 
 class MLP(nn.Module):
@@ -61,16 +63,23 @@ class MLP(nn.Module):
         )
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext, residual: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: ForwardContext,
+        residual: torch.Tensor,
+        quantized: QuantizedInput | None = None,
+    ) -> torch.Tensor:
         """x [T, hidden_size] -> [T, hidden_size]; down_proj's LoRA deltas go into `residual`,
-        gate_up_proj's are added inside the activation"""
-        gate_up, shrunk = self.gate_up_proj.forward_unexpanded(x, ctx)
-        if shrunk is None:
-            hidden = self.act_fn(gate_up)
-        else:
+        gate_up_proj's are added inside the activation. `quantized`: x as FP8 (FP8 gate_up)."""
+        gate_up, shrunk = self.gate_up_proj.forward_unexpanded(x, ctx, quantized)
+        if shrunk is not None:
             assert ctx.lora is not None
-            hidden = ctx.lora.silu_and_mul(shrunk, gate_up)
-        return self.down_proj(hidden, ctx, residual)
+            return self.down_proj(ctx.lora.silu_and_mul(shrunk, gate_up), ctx, residual)
+        if self.down_proj.takes_fp8_input:  # the activation quantized on its way out
+            hidden, values, scale = silu_and_mul_quant_fp8(gate_up)
+            return self.down_proj(hidden, ctx, residual, QuantizedInput(values, scale))
+        return self.down_proj(self.act_fn(gate_up), ctx, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -89,6 +98,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(arch, layer_idx, dtype, device, quant, tp)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
         self.mlp = MLP(arch, layer_idx, dtype, device, quant, tp)
+        # FP8 projections after the norms: the norms quantize their output on its way out.
+        self.quantize_norms = self.self_attn.qkv_proj.takes_fp8_input
+        assert self.quantize_norms == self.mlp.gate_up_proj.takes_fp8_input
 
     def forward(
         self,
@@ -103,6 +115,8 @@ class DecoderLayer(nn.Module):
         The residual adds are deferred into the next norm (vLLM's layout): the stream after
         this layer is `hidden + residual` of the returned pair. `residual` is None for layer 0.
         """
+        if self.quantize_norms:
+            return self._forward_fp8(hidden, residual, cos, sin, ctx)
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
@@ -110,6 +124,25 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(hidden, cos, sin, ctx, residual)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden, ctx, residual), residual
+
+    def _forward_fp8(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: ForwardContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward with FP8 q/k/v and gate/up: each norm also hands its projection the FP8
+        copy of its output (one pass instead of the norm, then the per-token quantization)."""
+        normed, new_residual, quantized = self.input_layernorm.forward_fp8(hidden, residual)
+        residual = hidden if new_residual is None else new_residual
+        hidden = self.self_attn(normed, cos, sin, ctx, residual, quantized)
+        normed, new_residual, quantized = self.post_attention_layernorm.forward_fp8(
+            hidden, residual
+        )
+        assert new_residual is not None
+        return self.mlp(normed, ctx, new_residual, quantized), new_residual
 
 
 class LlamaModel(nn.Module):

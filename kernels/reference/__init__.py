@@ -1,6 +1,12 @@
 """Plain-PyTorch references: the executable spec of every kernel (and the CPU path)."""
 
-from loraplex.kernels.reference.fp8 import fp8_scaled_mm, quantize_fp8_per_token
+from loraplex.kernels.reference.fp8 import (
+    fp8_scaled_mm,
+    fused_add_rms_norm_quant_fp8,
+    quantize_fp8_per_token,
+    rms_norm_quant_fp8,
+    silu_and_mul_quant_fp8,
+)
 from loraplex.kernels.reference.fused_ops import (
     apply_rotary_pos_emb,
     fused_add_rms_norm,
@@ -16,13 +22,16 @@ __all__ = [
     "dequantize_w4",
     "fp8_scaled_mm",
     "fused_add_rms_norm",
+    "fused_add_rms_norm_quant_fp8",
     "lora_expand",
     "lora_shrink",
     "paged_attention",
     "quantize_fp8_per_token",
     "reshape_and_cache",
     "rms_norm",
+    "rms_norm_quant_fp8",
     "silu_and_mul",
+    "silu_and_mul_quant_fp8",
     "silu_and_mul_lora",
     "w4a16_dequantize",
     "w4a16_gemm",

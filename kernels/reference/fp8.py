@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from loraplex.kernels.reference.fused_ops import fused_add_rms_norm, rms_norm, silu_and_mul
+
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 INV_FP8_MAX = 1.0 / FP8_MAX
@@ -29,6 +31,43 @@ def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     scale = (amax * INV_FP8_MAX).clamp(min=MIN_SCALE)
     x_fp8 = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return x_fp8, scale
+
+
+def silu_and_mul_quant_fp8(
+    x: torch.Tensor,  # [M, 2 * I]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SwiGLU of a fused [gate | up] row, then its per-token FP8 quantization: (out [M, I] in x's
+    dtype, out_fp8 [M, I] float8_e4m3fn, out_scale [M, 1] float32). The bf16 output feeds the
+    LoRA shrink of down_proj, the FP8 pair its base GEMM."""
+    out = silu_and_mul(x)
+    out_fp8, out_scale = quantize_fp8_per_token(out)
+    return out, out_fp8, out_scale
+
+
+def rms_norm_quant_fp8(
+    x: torch.Tensor,  # [M, hidden]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RMSNorm, then its per-token FP8 quantization: (out [M, hidden] in x's dtype, out_fp8
+    float8_e4m3fn, out_scale [M, 1] float32). The bf16 output feeds the next layer's LoRA
+    shrink, the FP8 pair its base GEMM."""
+    out = rms_norm(x, weight, eps)
+    out_fp8, out_scale = quantize_fp8_per_token(out)
+    return out, out_fp8, out_scale
+
+
+def fused_add_rms_norm_quant_fp8(
+    x: torch.Tensor,  # [M, hidden]
+    residual: torch.Tensor,  # [M, hidden]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fused_add_rms_norm, then the per-token FP8 quantization of its normed output:
+    (out, new_residual, out_fp8, out_scale)."""
+    out, new_residual = fused_add_rms_norm(x, residual, weight, eps)
+    out_fp8, out_scale = quantize_fp8_per_token(out)
+    return out, new_residual, out_fp8, out_scale
 
 
 def fp8_scaled_mm(

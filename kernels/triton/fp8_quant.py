@@ -25,6 +25,14 @@ MAX_K = 32768  # the widest row one program holds (Llama-3-70B's intermediate si
 
 
 @triton.jit
+def quantize_row(x, FP8_MAX: tl.constexpr, INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):  # type: ignore[no-untyped-def]
+    """A float32 row (padding 0) -> (its float8 values, still float32, and its scale)."""
+    amax = tl.max(tl.abs(x), axis=0)
+    scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
+    return tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX), scale
+
+
+@triton.jit
 def _quantize_fp8_per_token_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     out_ptr,
@@ -41,9 +49,7 @@ def _quantize_fp8_per_token_kernel(  # type: ignore[no-untyped-def]
     offs = tl.arange(0, BLOCK_K)
     mask = offs < K
     x = tl.load(x_ptr + token * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=0)
-    scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+    q, scale = quantize_row(x, FP8_MAX, INV_FP8_MAX, MIN_SCALE)
     tl.store(out_ptr + token * stride_out + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + token, scale)
 

@@ -10,6 +10,11 @@ are the reference's (kernels/reference/fused_ops.py): the residual sum is rounde
 before it is normalized, the normalized row is rounded to the dtype before the weight multiply.
 Out of place: the inputs are not modified.
 
+`rms_norm_quant_fp8` / `fused_add_rms_norm_quant_fp8` also quantize the normed row to FP8 per
+token on its way out (the input of an FP8 q/k/v or gate/up projection): the row is in registers,
+so its max |x| is known before it is written, and the per-token quantization kernel's separate
+read and write of it is saved. The math is `fp8_quant.quantize_row`'s: bit for bit the two ops.
+
 The sum of squares adds in the order PyTorch's CUDA reduction adds one row alone
 (`row_sum_cuda_order`, the order of HF's `pow(2).mean(-1)` at a decode step), and the mean is
 that sum times float32(1 / hidden_size), as PyTorch scales it. Another order moves the variance
@@ -20,15 +25,19 @@ the same in any batch. Squares and sums are rounded separately (no FMA contracti
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
 from loraplex.kernels.reference.fused_ops import (
     ROW_SUM_VECTOR,
     inverse_float32,
     row_sum_lanes,
 )
+from loraplex.kernels.triton.fp8_quant import quantize_row
 from loraplex.kernels.triton.launch_checks import check, check_contiguous_last_dim, check_one_device
 
 OP = "rms_norm"
@@ -87,15 +96,22 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def]
     weight_ptr,
     out_ptr,
     new_residual_ptr,
+    out_fp8_ptr,
+    scale_ptr,
     stride_x,
     stride_residual,
     stride_out,
     stride_new_residual,
+    stride_out_fp8,
     eps,
     inv_hidden_size,
     HIDDEN_SIZE: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    QUANT_FP8: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    INV_FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
     VECTORIZED: tl.constexpr,
     LANES: tl.constexpr,
     STEPS: tl.constexpr,
@@ -128,12 +144,29 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def]
     variance = sum_sq * inv_hidden_size
     normed = (x * tl.rsqrt(variance + eps)).to(dtype).to(tl.float32)
     weight = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + offs, (weight * normed).to(dtype), mask=mask)
+    out = (weight * normed).to(dtype)  # 0 where masked
+    tl.store(out_ptr + row * stride_out + offs, out, mask=mask)
+    if QUANT_FP8:
+        q, scale = quantize_row(out.to(tl.float32), FP8_MAX, INV_FP8_MAX, MIN_SCALE)
+        out_fp8 = q.to(out_fp8_ptr.dtype.element_ty)
+        tl.store(out_fp8_ptr + row * stride_out_fp8 + offs, out_fp8, mask=mask)
+        tl.store(scale_ptr + row, scale)
+
+
+class _NormOutputs(NamedTuple):
+    out: torch.Tensor  # [T, hidden] in x's dtype
+    new_residual: torch.Tensor | None  # x + residual, with a residual
+    out_fp8: torch.Tensor | None  # [T, hidden] float8_e4m3fn, when quantized
+    out_scale: torch.Tensor | None  # [T, 1] float32, when quantized
 
 
 def _launch(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    quantize_fp8: bool = False,
+) -> _NormOutputs:
     check(OP, x.dim() == 2, f"x must be [num_tokens, hidden_size], got {tuple(x.shape)}")
     num_tokens, hidden_size = x.shape
     check(OP, weight.shape == (hidden_size,), "weight must be [hidden_size]")
@@ -151,28 +184,42 @@ def _launch(
 
     out = torch.empty((num_tokens, hidden_size), dtype=x.dtype, device=x.device)
     new_residual = None if residual is None else torch.empty_like(out)
+    out_fp8 = out_scale = None
+    if quantize_fp8:
+        out_fp8 = torch.empty((num_tokens, hidden_size), dtype=FP8_DTYPE, device=x.device)
+        out_scale = torch.empty((num_tokens, 1), dtype=torch.float32, device=x.device)
+    outputs = _NormOutputs(out, new_residual, out_fp8, out_scale)
     if num_tokens == 0:
-        return out, new_residual
+        return outputs
     block = triton.next_power_of_2(hidden_size)
     vectorized, lanes = row_sum_lanes(hidden_size)
     # Without a residual the residual pointers are never read: pass x / out as placeholders.
     res_in = x if residual is None else residual
     res_out = out if new_residual is None else new_residual
+    fp8_out = out if out_fp8 is None else out_fp8  # placeholders, never written, unquantized
+    scale_out = out if out_scale is None else out_scale
     _rms_norm_kernel[(num_tokens,)](
         x,
         res_in,
         weight,
         out,
         res_out,
+        fp8_out,
+        scale_out,
         x.stride(0),
         res_in.stride(0),
         out.stride(0),
         res_out.stride(0),
+        fp8_out.stride(0),
         eps,
         inverse_float32(hidden_size),
         HIDDEN_SIZE=hidden_size,
         BLOCK=block,
         HAS_RESIDUAL=residual is not None,
+        QUANT_FP8=quantize_fp8,
+        FP8_MAX=FP8_MAX,
+        INV_FP8_MAX=INV_FP8_MAX,
+        MIN_SCALE=MIN_SCALE,
         VECTORIZED=vectorized,
         LANES=lanes,
         STEPS=triton.cdiv(hidden_size, ROW_SUM_VECTOR * lanes),
@@ -181,7 +228,7 @@ def _launch(
         num_warps=_num_warps(block),
         enable_fp_fusion=False,  # x * x and the adds round apart, as PyTorch's ops do
     )
-    return out, new_residual
+    return outputs
 
 
 def rms_norm(
@@ -190,8 +237,7 @@ def rms_norm(
     eps: float,
 ) -> torch.Tensor:
     """weight * normalize(x) -> [num_tokens, hidden_size] in x's dtype (a new tensor)."""
-    out, _ = _launch(x, None, weight, eps)
-    return out
+    return _launch(x, None, weight, eps).out
 
 
 def fused_add_rms_norm(
@@ -201,6 +247,29 @@ def fused_add_rms_norm(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual) in one pass; new tensors, inputs untouched."""
-    out, new_residual = _launch(x, residual, weight, eps)
+    out, new_residual, _, _ = _launch(x, residual, weight, eps)
     assert new_residual is not None
     return out, new_residual
+
+
+def rms_norm_quant_fp8(
+    x: torch.Tensor,  # [num_tokens, hidden_size]
+    weight: torch.Tensor,  # [hidden_size]
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rms_norm(x), its float8_e4m3fn copy, its per-token scale [T, 1] float32) in one pass."""
+    out, _, out_fp8, out_scale = _launch(x, None, weight, eps, quantize_fp8=True)
+    assert out_fp8 is not None and out_scale is not None
+    return out, out_fp8, out_scale
+
+
+def fused_add_rms_norm_quant_fp8(
+    x: torch.Tensor,  # [num_tokens, hidden_size]
+    residual: torch.Tensor,  # [num_tokens, hidden_size]
+    weight: torch.Tensor,  # [hidden_size]
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, x + residual, out's float8_e4m3fn copy, its per-token scale) in one pass."""
+    out, new_residual, out_fp8, out_scale = _launch(x, residual, weight, eps, quantize_fp8=True)
+    assert new_residual is not None and out_fp8 is not None and out_scale is not None
+    return out, new_residual, out_fp8, out_scale

@@ -24,6 +24,13 @@ NUM_WARPS = 4
 
 
 @triton.jit
+def silu_mul(gate, up, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """silu(gate) * up from float32 rows, rounded to `dtype` where the reference rounds."""
+    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    return (act * up).to(dtype)
+
+
+@triton.jit
 def _silu_and_mul_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     out_ptr,
@@ -39,8 +46,7 @@ def _silu_and_mul_kernel(  # type: ignore[no-untyped-def]
     row = x_ptr + token * stride_x
     gate = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(row + INTERMEDIATE + offs, mask=mask, other=0.0).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    tl.store(out_ptr + token * stride_out + offs, (act * up).to(dtype), mask=mask)
+    tl.store(out_ptr + token * stride_out + offs, silu_mul(gate, up, dtype), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x [num_tokens, 2 * intermediate_size]

@@ -3,6 +3,8 @@ path), and, on a GPU with FP8, `torch._scaled_mm` against it."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import pytest
 import torch
 
@@ -87,3 +89,83 @@ def test_triton_per_token_quantization_equals_the_reference(dtype: torch.dtype, 
     assert torch.equal(
         got.view(torch.uint8), reference.quantize_fp8_per_token(strided)[0].view(torch.uint8)
     )
+
+
+def test_silu_and_mul_quant_fp8_reference_is_the_two_ops() -> None:
+    x = torch.randn(5, 2 * 48)
+    out, out_fp8, scale = reference.silu_and_mul_quant_fp8(x)
+    assert torch.equal(out, reference.silu_and_mul(x))
+    want_fp8, want_scale = reference.quantize_fp8_per_token(out)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(out_fp8.view(torch.uint8), want_fp8.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("intermediate", [16, 100, 14336])
+def test_triton_silu_and_mul_quant_fp8_equals_the_two_kernels(
+    dtype: torch.dtype, intermediate: int, device: torch.device, triton_kernels: ModuleType
+) -> None:
+    """Bit for bit what SiLU-and-mul then per-token quantization give as two launches (on CPU
+    under the interpreter, at the small sizes)."""
+    if device.type == "cpu" and intermediate > 1024:
+        pytest.skip("interpreter: small sizes only")
+    x = torch.randn(37, 2 * intermediate, device=device)
+    x = (x * torch.logspace(-2, 2, 37, device=device)[:, None]).to(dtype)
+    x[5] = 0.0  # an all-zero row keeps the minimum scale and zeros
+    out, out_fp8, scale = triton_kernels.silu_and_mul_quant_fp8(x)
+    want_out = triton_kernels.silu_and_mul(x)
+    want_fp8, want_scale = triton_kernels.quantize_fp8_per_token(want_out)
+    assert torch.equal(out, want_out)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(out_fp8.view(torch.uint8), want_fp8.view(torch.uint8))
+
+
+def test_rms_norm_quant_fp8_references_are_the_two_ops() -> None:
+    x, residual, weight = torch.randn(5, 48), torch.randn(5, 48), torch.rand(48) + 0.5
+    out, out_fp8, scale = reference.rms_norm_quant_fp8(x, weight, 1e-6)
+    assert torch.equal(out, reference.rms_norm(x, weight, 1e-6))
+    want_fp8, want_scale = reference.quantize_fp8_per_token(out)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(out_fp8.view(torch.uint8), want_fp8.view(torch.uint8))
+    out, new_residual, out_fp8, scale = reference.fused_add_rms_norm_quant_fp8(
+        x, residual, weight, 1e-6
+    )
+    want_out, want_residual = reference.fused_add_rms_norm(x, residual, weight, 1e-6)
+    assert torch.equal(out, want_out) and torch.equal(new_residual, want_residual)
+    want_fp8, want_scale = reference.quantize_fp8_per_token(want_out)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(out_fp8.view(torch.uint8), want_fp8.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("hidden", [96, 576, 4096])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_triton_rms_norm_quant_fp8_equals_the_two_kernels(
+    dtype: torch.dtype,
+    hidden: int,
+    with_residual: bool,
+    device: torch.device,
+    triton_kernels: ModuleType,
+) -> None:
+    """Bit for bit what the norm, then per-token quantization give as two launches (on CPU
+    under the interpreter, at the small sizes)."""
+    if device.type == "cpu" and hidden > 1024:
+        pytest.skip("interpreter: small sizes only")
+    x = torch.randn(37, hidden, device=device)
+    x = (x * torch.logspace(-2, 2, 37, device=device)[:, None]).to(dtype)
+    x[5] = 0.0  # an all-zero row (without a residual) keeps the minimum scale and zeros
+    residual = torch.randn(37, hidden, device=device).to(dtype)
+    weight = (torch.rand(hidden, device=device) + 0.5).to(dtype)
+    if with_residual:
+        out, new_res, out_fp8, scale = triton_kernels.fused_add_rms_norm_quant_fp8(
+            x, residual, weight, 1e-5
+        )
+        want_out, want_res = triton_kernels.fused_add_rms_norm(x, residual, weight, 1e-5)
+        assert torch.equal(new_res, want_res)
+    else:
+        out, out_fp8, scale = triton_kernels.rms_norm_quant_fp8(x, weight, 1e-5)
+        want_out = triton_kernels.rms_norm(x, weight, 1e-5)
+    want_fp8, want_scale = triton_kernels.quantize_fp8_per_token(want_out)
+    assert torch.equal(out, want_out)
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(out_fp8.view(torch.uint8), want_fp8.view(torch.uint8))

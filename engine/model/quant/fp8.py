@@ -24,6 +24,7 @@ from loraplex.engine.model.quant.linear_method import (
     DUMMY_STD,
     LinearMethod,
     Loader,
+    QuantizedInput,
     WeightTarget,
     register,
 )
@@ -63,6 +64,8 @@ def _ignore(_: torch.Tensor) -> None:
 
 
 class Fp8LinearMethod(LinearMethod):
+    takes_fp8_input = True
+
     def __init__(self, quant: Fp8Config) -> None:
         self.quant = quant
 
@@ -117,6 +120,9 @@ class Fp8LinearMethod(LinearMethod):
         self.weight.copy_(w_fp8)
         self.weight_scale.copy_(scale)
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        x_fp8, x_scale = quantize_fp8_per_token(x)  # [T, K] fp8, [T, 1] float32
-        return fp8_scaled_mm(x_fp8, x_scale, self.weight, self.weight_scale, x.dtype)
+    def apply(self, x: torch.Tensor, quantized: QuantizedInput | None = None) -> torch.Tensor:
+        if quantized is None:
+            quantized = QuantizedInput(*quantize_fp8_per_token(x))  # [T, K] fp8, [T, 1] float32
+        return fp8_scaled_mm(
+            quantized.values, quantized.scale, self.weight, self.weight_scale, x.dtype
+        )

@@ -31,6 +31,7 @@ from loraplex.engine.model.quant.linear_method import (
     DUMMY_STD,
     LinearMethod,
     Loader,
+    QuantizedInput,
     WeightTarget,
     register,
 )
@@ -145,7 +146,7 @@ class Int4LinearMethod(LinearMethod):
         self.zeros.fill_(_ZERO_POINT)
         self.scales.fill_(DUMMY_STD / 4.6)
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, quantized: QuantizedInput | None = None) -> torch.Tensor:
         return w4a16_gemm(x, self.qweight, self.scales, self.zeros, self.g_idx, self.group_size)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -64,8 +64,18 @@ def register(
     return param
 
 
+class QuantizedInput(NamedTuple):
+    """A layer's input already quantized to FP8 per token by the op before it."""
+
+    values: torch.Tensor  # [T, input_size] float8_e4m3fn
+    scale: torch.Tensor  # [T, 1] float32
+
+
 class LinearMethod:
     """Dense weights: `weight` [output_size, input_size] in the model's dtype."""
+
+    # Whether `apply` uses a QuantizedInput (FP8 W8A8): the op before may then produce one.
+    takes_fp8_input = False
 
     def create_weights(self, layer: MergedLinear, dtype: torch.dtype, device: torch.device) -> None:
         self.weight = register(
@@ -93,6 +103,7 @@ class LinearMethod:
     def fill_dummy(self, generator: torch.Generator) -> None:
         self.weight.normal_(0.0, DUMMY_STD, generator=generator)
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, input_size] -> [T, output_size], no bias."""
+    def apply(self, x: torch.Tensor, quantized: QuantizedInput | None = None) -> torch.Tensor:
+        """x [T, input_size] -> [T, output_size], no bias. `quantized`: x as FP8, for the
+        methods that take it (ignored by the others)."""
         return F.linear(x, self.weight)
