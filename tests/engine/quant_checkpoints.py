@@ -105,10 +105,21 @@ def pack_gptq(q: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor) -> dict
 
 
 def fp8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (fp8 [N, K], scale [N] float32), the engine's online quantization spec."""
+    """w [N, K] -> (fp8 [N, K], scale [N] float32), the engine's online quantization spec: per
+    row, of the scales r * max|w| / 448 for r = 1.00, 0.99, ..., 0.81, the first with the least
+    sum |w - dequantized|^2.4."""
     w = w.float()
-    scale = (w.abs().amax(1) / E4M3_MAX).clamp(min=1e-12 / E4M3_MAX)
-    return (w / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+    rows = []
+    for row in w:
+        candidates = []
+        for i in range(20):
+            scale = (row.abs().max() * (1.0 - i / 100) / E4M3_MAX).clamp(min=1e-12 / E4M3_MAX)
+            q = (row / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+            error = float((q.float() * scale - row).abs().pow(2.4).sum())
+            candidates.append((error, i, q, scale))
+        error, _, q, scale = min(candidates, key=lambda c: (c[0], c[1]))
+        rows.append((q, scale))
+    return torch.stack([q for q, _ in rows]), torch.stack([s for _, s in rows])
 
 
 def fp8_per_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,7 +3,8 @@ activations quantized per token at every call (dynamic), the GEMM through
 `kernels.fp8_scaled_mm` (`torch._scaled_mm` on CUDA, the float32 reference on CPU).
 
 Weights come from (see quant_config.py):
-- a 16/32-bit checkpoint, quantized at load row by row: scale[n] = max_k |W[n, k]| / 448;
+- a 16/32-bit checkpoint, quantized at load row by row: scale[n] = r * max_k |W[n, k]| / 448
+  with the clip ratio r of least rounding error (`quantize_fp8_per_channel`);
 - vLLM's "fp8" layout: `weight` float8_e4m3fn [N, K] and `weight_scale` per tensor ([] or [1]),
   optional `input_scale`;
 - compressed-tensors' float-quantized layout: `weight` and `weight_scale` per tensor ([1]) or
@@ -51,12 +52,33 @@ def check_fp8_supported(device: torch.device) -> None:
         )
 
 
+# Online weight scales: per output row, the clip ratio whose scale ratio * max|w| / 448 leaves
+# the least sum |w - dequantized|^2.4 (GPTQ's `find_params` grid, llm-compressor's "mse"
+# observer). Clipping a row's few largest weights buys finer steps for all the others: on the
+# demo model it cuts FP8's perplexity increase over bf16 by about a third (bench/results).
+CLIP_RATIOS = tuple(1.0 - i / 100 for i in range(20))  # 1.00, 0.99, ..., 0.81
+CLIP_ERROR_NORM = 2.4
+
+
 def quantize_fp8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (w_fp8 [N, K] float8_e4m3fn, scale [N] float32), one scale per row."""
+    """w [N, K] -> (w_fp8 [N, K] float8_e4m3fn, scale [N] float32), one scale per row, its clip
+    ratio searched over CLIP_RATIOS (the first of equal errors: the least clipping)."""
     w = w.float()
-    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=MIN_SCALE)  # [N]
-    w_fp8 = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return w_fp8, scale
+    amax = w.abs().amax(dim=1)  # [N]
+    best_fp8 = best_scale = best_error = None
+    for ratio in CLIP_RATIOS:
+        scale = (amax * ratio / FP8_MAX).clamp(min=MIN_SCALE)  # [N]
+        w_fp8 = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        error = (w_fp8.float() * scale[:, None] - w).abs().pow(CLIP_ERROR_NORM).sum(dim=1)
+        if best_fp8 is None or best_scale is None or best_error is None:
+            best_fp8, best_scale, best_error = w_fp8, scale, error
+            continue
+        better = error < best_error  # [N]
+        best_fp8 = torch.where(better[:, None], w_fp8, best_fp8)
+        best_scale = torch.where(better, scale, best_scale)
+        best_error = torch.where(better, error, best_error)
+    assert best_fp8 is not None and best_scale is not None
+    return best_fp8, best_scale
 
 
 def _ignore(_: torch.Tensor) -> None:
