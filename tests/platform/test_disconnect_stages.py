@@ -19,9 +19,15 @@ from tests.platform.platform_harness import Platform
 
 
 async def post_then_leave(
-    p: Platform, path: str, headers: dict[str, str], body: dict[str, Any], leave_after_s: float
+    p: Platform,
+    path: str,
+    headers: dict[str, str],
+    body: dict[str, Any],
+    leave_after_s: float,
+    leave_once: anyio.Event | None = None,
 ) -> list[Message]:
-    """Send one request, disconnect `leave_after_s` later; what the app sent back."""
+    """Send one request, disconnect `leave_after_s` later (after `leave_once` is set, if
+    given: a stage reached, however slow the machine); what the app sent back."""
     sent: list[Message] = []
     delivered = False
 
@@ -30,6 +36,8 @@ async def post_then_leave(
         if not delivered:
             delivered = True
             return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+        if leave_once is not None:
+            await leave_once.wait()
         await anyio.sleep(leave_after_s)
         return {"type": "http.disconnect"}
 
@@ -79,15 +87,17 @@ async def test_leaving_while_the_limiter_answers_strands_no_reservation(
     tenant, headers = await server.tenant("acme", max_concurrent_requests=1)
     limiter = server.state.limiter
     acquire = limiter.acquire
+    reserved = anyio.Event()
 
     async def slow_reply(*args: Any, **kwargs: Any) -> RateLimitDecision:
         decision = await acquire(*args, **kwargs)  # taken in the store...
+        reserved.set()
         await anyio.sleep(0.3)  # ...and the client leaves before the answer is back
         return decision
 
     monkeypatch.setattr(limiter, "acquire", slow_reply)
     sent = await post_then_leave(
-        server, "/v1/completions", headers, {**BODY, "stream": stream}, leave_after_s=0.1
+        server, "/v1/completions", headers, {**BODY, "stream": stream}, 0.05, reserved
     )
     assert sent == []  # nobody to answer
     await assert_nothing_left(server, tenant["id"], 1)
