@@ -11,7 +11,10 @@ text (the demo corpus; this repository's docs/architecture.md, at most `--max-te
 each) in windows of `--window` tokens, teacher-forced through the model's own forward, both
 models alike; on the same positions, the share where the two models' greedy next tokens agree
 (a per-token figure: free-running continuations part at their first near-tie and never
-rejoin, so whole-continuation equality says little on a small model).
+rejoin, so whole-continuation equality says little on a small model). The same per-token share
+along the baseline's own greedy continuations: each prompt plus its baseline continuation
+teacher-forced through both models, their greedy next tokens compared at the continuation's
+positions.
 """
 
 from __future__ import annotations
@@ -66,38 +69,56 @@ def greedy(llm: LLM, prompts: list[str], output_len: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def perplexity(model: LlamaForCausalLM, ids: list[int], window: int) -> tuple[float, list[int]]:
-    """(exp(mean NLL), the greedy next token at each position) over windows of `window`
-    tokens, each a fresh single-sequence prefill."""
+def prefill_logits(model: LlamaForCausalLM, chunk: list[int]) -> torch.Tensor:
+    """One fresh single-sequence prefill of `chunk` -> next-token logits [n - 1, vocab] float32
+    (none after the last token)."""
     arch = model.arch
-    num_blocks = -(-window // BLOCK_SIZE)
+    n = len(chunk)
+    num_blocks = -(-n // BLOCK_SIZE)
     shape = (num_blocks, BLOCK_SIZE, arch.num_key_value_heads, arch.head_dim)
     kv = [
         (torch.zeros(shape, dtype=model.dtype), torch.zeros(shape, dtype=model.dtype))
         for _ in range(arch.num_hidden_layers)
     ]
+    attn = AttentionMetadata(
+        slot_mapping=torch.arange(n, dtype=torch.int64),
+        block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
+        seq_lens=torch.tensor([n], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+        max_query_len=n,
+        max_seq_len=n,
+    )
+    ctx = ForwardContext(attn=attn, kv_caches=kv, lora=None)
+    hidden = model(torch.tensor(chunk), torch.arange(n), ctx)
+    return model.compute_logits(hidden[:-1])
+
+
+def perplexity(model: LlamaForCausalLM, ids: list[int], window: int) -> tuple[float, list[int]]:
+    """(exp(mean NLL), the greedy next token at each position) over windows of `window`
+    tokens, each a fresh single-sequence prefill."""
     nll, count = 0.0, 0
     top1: list[int] = []
     for start in range(0, len(ids) - 1, window):
         chunk = ids[start : start + window]
         if len(chunk) < 2:
             break
-        n = len(chunk)
-        attn = AttentionMetadata(
-            slot_mapping=torch.arange(n, dtype=torch.int64),
-            block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
-            seq_lens=torch.tensor([n], dtype=torch.int32),
-            query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-            max_query_len=n,
-            max_seq_len=n,
-        )
-        ctx = ForwardContext(attn=attn, kv_caches=kv, lora=None)
-        hidden = model(torch.tensor(chunk), torch.arange(n), ctx)
-        logits = model.compute_logits(hidden[:-1])  # [n - 1, vocab] float32
+        logits = prefill_logits(model, chunk)  # [n - 1, vocab]
         nll += F.cross_entropy(logits, torch.tensor(chunk[1:]), reduction="sum").item()
         top1 += logits.argmax(dim=-1).tolist()
-        count += n - 1
+        count += len(chunk) - 1
     return math.exp(nll / count), top1
+
+
+def continuation_top1(
+    model: LlamaForCausalLM, prompt_ids: list[list[int]], continuations: list[list[int]]
+) -> list[int]:
+    """The greedy next token at every position of each continuation, teacher-forced: prompt and
+    continuation in one prefill, the argmax before each continuation token."""
+    top1: list[int] = []
+    for prompt, continuation in zip(prompt_ids, continuations, strict=True):
+        logits = prefill_logits(model, prompt + continuation)  # [n - 1, vocab]
+        top1 += logits[len(prompt) - 1 :].argmax(dim=-1).tolist()
+    return top1
 
 
 def main() -> None:
@@ -129,6 +150,7 @@ def main() -> None:
     }
     outputs = {}
     top1: dict[tuple[str, str], list[int]] = {}
+    prompt_ids = [tokenizer.encode(prompt) for prompt in prompts]
     runs = (("baseline", baseline_dir, None), ("quantized", model_dir, args.quantization))
     for name, path, quant in runs:
         start = time.perf_counter()
@@ -136,6 +158,7 @@ def main() -> None:
         outputs[name] = greedy(llm, prompts, args.output_len)
         del llm
         model, _ = load_model(path, args.dtype, "cpu", quant)
+        top1[name, "continuations"] = continuation_top1(model, prompt_ids, outputs["baseline"])
         for text_name, text in texts.items():
             ids = tokenizer.encode(text)[: args.max_text_tokens]
             ppl, top1[name, text_name] = perplexity(model, ids, args.window)
@@ -150,6 +173,11 @@ def main() -> None:
         f"greedy continuations equal token for token: {equal:.1%} of {len(pairs)} "
         f"({args.output_len} tokens each); mean equal prefix {sum(prefix) / len(prefix):.1%}"
     )
+    same = [a == b for a, b in zip(top1["baseline", "continuations"],
+                                    top1["quantized", "continuations"], strict=True)]  # fmt: skip
+    results["top1_agreement_continuations"] = agreement = sum(same) / len(same)
+    print(f"  greedy next token equal to the baseline's along the baseline's continuations, "
+          f"teacher-forced: {agreement:.1%} of {len(same)} positions")  # fmt: skip
     for text_name in texts:
         base, quant = results[f"baseline_ppl_{text_name}"], results[f"quantized_ppl_{text_name}"]
         print(f"perplexity on {text_name}: {base:.3f} -> {quant:.3f} ({quant / base - 1:+.2%})")
