@@ -65,21 +65,22 @@ def quantize_fp8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     ratio searched over CLIP_RATIOS (the first of equal errors: the least clipping)."""
     w = w.float()
     amax = w.abs().amax(dim=1)  # [N]
-    best_bits = best_scale = best_error = None
-    for ratio in CLIP_RATIOS:
-        scale = (amax * ratio / FP8_MAX).clamp(min=MIN_SCALE)  # [N]
-        w_fp8 = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-        error = (w_fp8.float() * scale[:, None] - w).abs().pow(CLIP_ERROR_NORM).sum(dim=1)
-        bits = w_fp8.view(torch.uint8)  # selected as bytes: `where` on any device
-        if best_bits is None or best_scale is None or best_error is None:
-            best_bits, best_scale, best_error = bits, scale, error
-            continue
-        better = error < best_error  # [N]
-        best_bits = torch.where(better[:, None], bits, best_bits)
-        best_scale = torch.where(better, scale, best_scale)
-        best_error = torch.where(better, error, best_error)
-    assert best_bits is not None and best_scale is not None
-    return best_bits.view(FP8_DTYPE), best_scale
+    scales = torch.stack([(amax * r / FP8_MAX).clamp(min=MIN_SCALE) for r in CLIP_RATIOS])
+    errors = torch.stack([_rounding_error(w, scale) for scale in scales])  # [R, N]
+    # argmin takes the first of equal minima: the least clipping.
+    scale = scales.gather(0, errors.argmin(dim=0, keepdim=True))[0]  # [N]
+    return _to_fp8(w, scale), scale
+
+
+def _to_fp8(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """w [N, K] float32 / scale [N] -> float8_e4m3fn, saturated at +-448."""
+    return (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def _rounding_error(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per row, sum |w - dequantized|^CLIP_ERROR_NORM with this scale -> [N]."""
+    back = _to_fp8(w, scale).float() * scale[:, None]
+    return (back - w).abs().pow(CLIP_ERROR_NORM).sum(dim=1)
 
 
 def _ignore(_: torch.Tensor) -> None:
