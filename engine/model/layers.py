@@ -35,6 +35,8 @@ class RMSNorm(nn.Module):
             torch.ones(hidden_size, dtype=dtype, device=device), requires_grad=False
         )
         self.eps = eps
+        # Set by a decoder layer whose projection after this norm takes FP8 input.
+        self.quantize_fp8 = False
 
     @overload
     def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
@@ -52,11 +54,17 @@ class RMSNorm(nn.Module):
             return rms_norm(x, self.weight, self.eps)
         return fused_add_rms_norm(x, residual, self.weight, self.eps)
 
-    def forward_fp8(
+    def forward_projection_input(
         self, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, QuantizedInput]:
-        """forward's results and the normed output quantized to FP8 per token (the input of an
-        FP8 projection), in one pass: (normed, x + residual or None, QuantizedInput)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, QuantizedInput | None]:
+        """A projection's input: (normed, x + residual or None without a residual, and with
+        `quantize_fp8` the normed output quantized to FP8 per token in the same pass, else
+        None)."""
+        if not self.quantize_fp8:  # through __call__, so module hooks see the norm
+            if residual is None:
+                return self(x), None, None
+            normed, new_residual = self(x, residual)
+            return normed, new_residual, None
         if residual is None:
             out, values, scale = rms_norm_quant_fp8(x, self.weight, self.eps)
             return out, None, QuantizedInput(values, scale)

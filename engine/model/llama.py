@@ -99,8 +99,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype, device)
         self.mlp = MLP(arch, layer_idx, dtype, device, quant, tp)
         # FP8 projections after the norms: the norms quantize their output on its way out.
-        self.quantize_norms = self.self_attn.qkv_proj.takes_fp8_input
-        assert self.quantize_norms == self.mlp.gate_up_proj.takes_fp8_input
+        fp8 = self.self_attn.qkv_proj.takes_fp8_input
+        assert fp8 == self.mlp.gate_up_proj.takes_fp8_input
+        self.input_layernorm.quantize_fp8 = self.post_attention_layernorm.quantize_fp8 = fp8
 
     def forward(
         self,
@@ -115,30 +116,12 @@ class DecoderLayer(nn.Module):
         The residual adds are deferred into the next norm (vLLM's layout): the stream after
         this layer is `hidden + residual` of the returned pair. `residual` is None for layer 0.
         """
-        if self.quantize_norms:
-            return self._forward_fp8(hidden, residual, cos, sin, ctx)
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, cos, sin, ctx, residual)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden, ctx, residual), residual
-
-    def _forward_fp8(
-        self,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        ctx: ForwardContext,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """forward with FP8 q/k/v and gate/up: each norm also hands its projection the FP8
-        copy of its output (one pass instead of the norm, then the per-token quantization)."""
-        normed, new_residual, quantized = self.input_layernorm.forward_fp8(hidden, residual)
+        normed, new_residual, quantized = self.input_layernorm.forward_projection_input(
+            hidden, residual
+        )
         residual = hidden if new_residual is None else new_residual
         hidden = self.self_attn(normed, cos, sin, ctx, residual, quantized)
-        normed, new_residual, quantized = self.post_attention_layernorm.forward_fp8(
+        normed, new_residual, quantized = self.post_attention_layernorm.forward_projection_input(
             hidden, residual
         )
         assert new_residual is not None

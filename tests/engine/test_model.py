@@ -238,6 +238,21 @@ def test_projections_call_the_lora_applier(llama_checkpoint: Path) -> None:
     assert not torch.allclose(with_lora, base)  # the in-place delta reached the output
 
 
+def test_the_norms_run_through_their_modules(llama_checkpoint: Path) -> None:
+    """Each decoder norm is called as a module, so forward hooks (bench/layer_divergence.py's
+    recorder) see it, with and without a residual."""
+    model, cfg = load_model(llama_checkpoint, dtype="float32", device="cpu")
+    seen: list[str] = []
+    for i, layer in enumerate(model.model.layers):
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            norm = getattr(layer, name)
+            norm.register_forward_hook(lambda *_, key=f"{i}.{name}": seen.append(key))
+    ids = random_ids(cfg.vocab_size, 5, seed=3)
+    PagedKV(cfg, 4, torch.float32).step(model, [SeqChunk(ids, [1, 0], 0, 5)])
+    names = ("input_layernorm", "post_attention_layernorm")
+    assert seen == [f"{i}.{name}" for i in range(cfg.num_hidden_layers) for name in names]
+
+
 def test_a_delta_into_the_residual_equals_the_same_delta_into_y(llama_checkpoint: Path) -> None:
     """o_proj's output only ever joins the residual stream: adding a delta to either one gives
     the same hidden states."""
