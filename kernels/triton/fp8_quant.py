@@ -33,6 +33,23 @@ def quantize_row(x, FP8_MAX: tl.constexpr, INV_FP8_MAX: tl.constexpr, MIN_SCALE:
 
 
 @triton.jit
+def store_quantized_row(  # type: ignore[no-untyped-def]
+    x,
+    out_ptrs,
+    scale_ptr,
+    mask,
+    FP8_MAX: tl.constexpr,
+    INV_FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+):
+    """Quantize a float32 row (padding 0) and store its float8 values at out_ptrs, its scale at
+    scale_ptr: the tail of every kernel that writes an FP8 projection input."""
+    q, scale = quantize_row(x, FP8_MAX, INV_FP8_MAX, MIN_SCALE)
+    tl.store(out_ptrs, q.to(out_ptrs.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr, scale)
+
+
+@triton.jit
 def _quantize_fp8_per_token_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     out_ptr,
@@ -49,9 +66,8 @@ def _quantize_fp8_per_token_kernel(  # type: ignore[no-untyped-def]
     offs = tl.arange(0, BLOCK_K)
     mask = offs < K
     x = tl.load(x_ptr + token * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    q, scale = quantize_row(x, FP8_MAX, INV_FP8_MAX, MIN_SCALE)
-    tl.store(out_ptr + token * stride_out + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(scale_ptr + token, scale)
+    out_ptrs = out_ptr + token * stride_out + offs
+    store_quantized_row(x, out_ptrs, scale_ptr + token, mask, FP8_MAX, INV_FP8_MAX, MIN_SCALE)
 
 
 def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,7 +37,7 @@ from loraplex.kernels.reference.fused_ops import (
     inverse_float32,
     row_sum_lanes,
 )
-from loraplex.kernels.triton.fp8_quant import quantize_row
+from loraplex.kernels.triton.fp8_quant import store_quantized_row
 from loraplex.kernels.triton.launch_checks import check, check_contiguous_last_dim, check_one_device
 
 OP = "rms_norm"
@@ -147,10 +147,10 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def]
     out = (weight * normed).to(dtype)  # 0 where masked
     tl.store(out_ptr + row * stride_out + offs, out, mask=mask)
     if QUANT_FP8:
-        q, scale = quantize_row(out.to(tl.float32), FP8_MAX, INV_FP8_MAX, MIN_SCALE)
-        out_fp8 = q.to(out_fp8_ptr.dtype.element_ty)
-        tl.store(out_fp8_ptr + row * stride_out_fp8 + offs, out_fp8, mask=mask)
-        tl.store(scale_ptr + row, scale)
+        out_fp8_ptrs = out_fp8_ptr + row * stride_out_fp8 + offs
+        store_quantized_row(
+            out.to(tl.float32), out_fp8_ptrs, scale_ptr + row, mask, FP8_MAX, INV_FP8_MAX, MIN_SCALE
+        )
 
 
 class _NormOutputs(NamedTuple):

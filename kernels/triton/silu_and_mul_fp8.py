@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
-from loraplex.kernels.triton.fp8_quant import MAX_K, quantize_row
+from loraplex.kernels.triton.fp8_quant import MAX_K, store_quantized_row
 from loraplex.kernels.triton.launch_checks import check
 from loraplex.kernels.triton.silu_and_mul import silu_mul
 
@@ -47,10 +47,10 @@ def _silu_and_mul_fp8_kernel(  # type: ignore[no-untyped-def]
     up = tl.load(row + INTERMEDIATE + offs, mask=mask, other=0.0).to(tl.float32)
     out = silu_mul(gate, up, out_ptr.dtype.element_ty)  # 0 where masked: silu(0) * 0
     tl.store(out_ptr + token * stride_out + offs, out, mask=mask)
-    q, scale = quantize_row(out.to(tl.float32), FP8_MAX, INV_FP8_MAX, MIN_SCALE)
-    out_fp8 = q.to(out_fp8_ptr.dtype.element_ty)
-    tl.store(out_fp8_ptr + token * stride_out_fp8 + offs, out_fp8, mask=mask)
-    tl.store(scale_ptr + token, scale)
+    out_fp8_ptrs = out_fp8_ptr + token * stride_out_fp8 + offs
+    store_quantized_row(
+        out.to(tl.float32), out_fp8_ptrs, scale_ptr + token, mask, FP8_MAX, INV_FP8_MAX, MIN_SCALE
+    )
 
 
 def silu_and_mul_quant_fp8(
