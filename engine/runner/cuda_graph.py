@@ -48,7 +48,9 @@ class CUDAGraphRunner:
         self.block_tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.sorted_token_ids = torch.zeros(n, dtype=torch.int32, device=device)
+        # Every token its own id until a step maps its first n (see copy_lora_mapping).
+        self._token_ids = torch.arange(n, dtype=torch.int32, device=device)
+        self.sorted_token_ids = self._token_ids.clone()
         max_batch_loras = lora_manager.max_batch_loras if lora_manager else 1
         self.slot_start_loc = torch.zeros(max_batch_loras + 1, dtype=torch.int32, device=device)
         self.slot_adapters = torch.zeros(max_batch_loras, dtype=torch.int32, device=device)
@@ -103,6 +105,28 @@ class CUDAGraphRunner:
         num_seqs = inputs.attn.seq_lens.shape[0]
         return inputs.attn.max_query_len == 1 and num_seqs <= self.max_batch_size
 
+    def copy_lora_mapping(
+        self,
+        sorted_token_ids: torch.Tensor,  # [n] int32
+        slot_start_loc: torch.Tensor,
+        slot_adapters: torch.Tensor,
+        num_active_slots: torch.Tensor,
+        size: int,
+    ) -> None:
+        """A step's LoRA mapping of n tokens into the static buffers of graph `size`.
+
+        The padding rows [n, size) are tokens without an adapter, each with its own id, last
+        in sorted_token_ids as `build_lora_mapping` puts them. `silu_and_mul_lora` visits every
+        token from slot_start_loc[num_active] up to `size` through sorted_token_ids. A stale
+        id there (an earlier step's) made it rewrite a real token's activation without that
+        token's adapter delta, racing the right write, or reach rows past the graph's own."""
+        n = sorted_token_ids.shape[0]
+        self.sorted_token_ids[:n].copy_(sorted_token_ids)
+        self.sorted_token_ids[n:size].copy_(self._token_ids[n:size])
+        self.slot_start_loc.copy_(slot_start_loc)
+        self.slot_adapters.copy_(slot_adapters)
+        self.num_active_slots.copy_(num_active_slots)
+
     def run(self, inputs: ModelInputs, lora: LoRABatch | None) -> torch.Tensor:
         """Replay the graph for this decode step; returns hidden states [n, hidden]."""
         n = inputs.input_ids.shape[0]
@@ -116,10 +140,8 @@ class CUDAGraphRunner:
         width = inputs.attn.block_tables.shape[1]
         self.block_tables[:n, :width].copy_(inputs.attn.block_tables)
         if lora is not None:
-            self.sorted_token_ids[:n].copy_(lora.sorted_token_ids)
-            self.slot_start_loc.copy_(lora.slot_start_loc)
-            self.slot_adapters.copy_(lora.slot_adapters)
-            self.num_active_slots.copy_(lora.num_active_slots)
+            self.copy_lora_mapping(lora.sorted_token_ids, lora.slot_start_loc,
+                                   lora.slot_adapters, lora.num_active_slots, size)  # fmt: skip
         graph, out = self._graphs[(size, lora is not None)]
         graph.replay()
         return out[:n]
