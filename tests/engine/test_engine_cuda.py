@@ -119,6 +119,28 @@ def test_engine_on_cuda_matches_hf(
     torch.cuda.empty_cache()
 
 
+def test_decode_batches_shrinking_between_graph_sizes_keep_every_adapter(
+    workload: Workload,
+) -> None:
+    """Requests that stop one step apart: decode steps of 7, 6, ..., 1 sequences replay the
+    graphs of 8, 8, 8, 4, 4, 2 and 1 rows, with padding rows. An earlier step's token ids left
+    in those rows made the fused gate_up activation rewrite a real token without its adapter's
+    delta (CUDAGraphRunner.copy_lora_mapping). Each output is HF's greedy prefix."""
+    base, adapter_dirs, names, prompts, expected = workload
+    llm = LLM(str(base), device="cuda", dtype="float32", max_num_seqs=16)
+    ids = {name: i + 1 for i, name in enumerate(adapter_dirs)}
+    loras = [None if n is None else LoRARequest(n, ids[n], str(adapter_dirs[n])) for n in names]
+    lengths = [MAX_TOKENS - i for i in range(len(prompts))]
+    params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0) for n in lengths]
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, lora_request=loras, use_tqdm=False
+    )
+    for name, n, out, e in zip(names, lengths, outs, expected, strict=True):
+        assert out.outputs[0].token_ids == e[:n], f"adapter {name}"
+    del llm
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("with_lora", [False, True])
 def test_a_step_is_prepared_and_launched_while_the_gpu_runs(
     workload: Workload, with_lora: bool
