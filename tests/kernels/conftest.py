@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
 import torch
+
+from tests.kernels.interpreter_memcheck import bounds_checked
 
 TRITON_IMPORTED_TOO_EARLY = False
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
@@ -33,8 +36,9 @@ def _seed() -> None:
 
 
 @pytest.fixture
-def triton_kernels() -> ModuleType:
-    """loraplex.kernels.triton, or a skip if Triton is missing; a failure if it cannot run."""
+def triton_kernels() -> Iterator[ModuleType]:
+    """loraplex.kernels.triton, or a skip if Triton is missing; a failure if it cannot run. On
+    CPU (the interpreter) every load and store of the test's launches is bounds-checked."""
     pytest.importorskip("triton", reason="Triton is not installed")
     if TRITON_IMPORTED_TOO_EARLY:
         pytest.fail(
@@ -43,4 +47,8 @@ def triton_kernels() -> ModuleType:
         )
     from loraplex.kernels import triton as triton_kernels
 
-    return triton_kernels
+    if torch.cuda.is_available():
+        yield triton_kernels
+        return
+    with bounds_checked():
+        yield triton_kernels
