@@ -105,6 +105,10 @@ class CUDAGraphRunner:
         num_seqs = inputs.attn.seq_lens.shape[0]
         return inputs.attn.max_query_len == 1 and num_seqs <= self.max_batch_size
 
+    def padded_size(self, num_seqs: int) -> int:
+        """The captured batch size a decode step of `num_seqs` sequences replays."""
+        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+
     def copy_lora_mapping(
         self,
         sorted_token_ids: torch.Tensor,  # [n] int32
@@ -117,8 +121,8 @@ class CUDAGraphRunner:
 
         The padding rows [n, size) are tokens without an adapter, each with its own id, last
         in sorted_token_ids as `build_lora_mapping` puts them. `silu_and_mul_lora` visits every
-        token from slot_start_loc[num_active] up to `size` through sorted_token_ids. A stale
-        id there (an earlier step's) made it rewrite a real token's activation without that
+        token from slot_start_loc[num_active] up to `size` through sorted_token_ids: a stale id
+        there (an earlier step's) would have it rewrite a real token's activation without that
         token's adapter delta, racing the right write, or reach rows past the graph's own."""
         n = sorted_token_ids.shape[0]
         self.sorted_token_ids[:n].copy_(sorted_token_ids)
@@ -130,7 +134,7 @@ class CUDAGraphRunner:
     def run(self, inputs: ModelInputs, lora: LoRABatch | None) -> torch.Tensor:
         """Replay the graph for this decode step; returns hidden states [n, hidden]."""
         n = inputs.input_ids.shape[0]
-        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        size = self.padded_size(n)
         self.input_ids[:n].copy_(inputs.input_ids)
         self.positions[:n].copy_(inputs.positions)
         self.slot_mapping[:n].copy_(inputs.attn.slot_mapping)

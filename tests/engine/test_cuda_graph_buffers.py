@@ -24,7 +24,7 @@ def test_padding_rows_of_the_lora_mapping_are_the_graphs_own_tokens(
     runner = CUDAGraphRunner(model, [], 256, 4, None, torch.device("cpu"))
     rng = random.Random(0)
     for n in (200, 100, 37, 256, 3):
-        size = runner.sizes[[s >= n for s in runner.sizes].index(True)]
+        size = runner.padded_size(n)
         slots = torch.tensor([rng.randrange(-1, 1) for _ in range(n)], dtype=torch.int32)
         sorted_ids, starts = build_lora_mapping(slots, 1)
         adapters = torch.zeros(1, dtype=torch.int32)

@@ -41,8 +41,8 @@ def _storage_ranges(args: Any) -> list[tuple[int, int]]:
 def _check(
     kernel: str, ranges: list[tuple[int, int]], ptrs: Any, mask: Any, itemsize: int, what: str
 ) -> None:
-    addresses = ptrs.data if mask is None else ptrs.data[mask.data.astype(bool)]
-    addresses = np.asarray(addresses, dtype=np.uint64).ravel()
+    # Only the lanes the mask lets through (an unmasked load comes here with an all-true mask).
+    addresses = np.asarray(ptrs.data[mask.data.astype(bool)], dtype=np.uint64).ravel()
     if addresses.size == 0:
         return
     inside = np.zeros(addresses.shape, dtype=bool)
