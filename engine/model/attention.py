@@ -68,7 +68,7 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        hidden: torch.Tensor,
+        hidden: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         ctx: ForwardContext,
@@ -78,10 +78,11 @@ class Attention(nn.Module):
         """hidden [T, hidden_size]; cos, sin [T, head_dim] -> [T, hidden_size]
 
         `residual` [T, hidden_size]: the stream the output is added to next; o_proj's LoRA
-        deltas go there (MergedLinear). `quantized`: hidden as FP8, for an FP8 qkv_proj.
+        deltas go there (MergedLinear). `quantized`: hidden as FP8, for an FP8 qkv_proj; hidden
+        may then be None in a step without adapters.
         """
-        num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden, ctx, quantized=quantized)  # [T, q_size + 2 * kv_size]
+        num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # Strided views of qkv in; new contiguous [T, heads, head_dim] tensors out. v stays a
         # strided view: reshape_and_cache reads it in place (one copy less per layer).

@@ -55,21 +55,22 @@ class RMSNorm(nn.Module):
         return fused_add_rms_norm(x, residual, self.weight, self.eps)
 
     def forward_projection_input(
-        self, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, QuantizedInput | None]:
+        self, x: torch.Tensor, residual: torch.Tensor | None, keep_unquantized: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, QuantizedInput | None]:
         """A projection's input: (normed, x + residual or None without a residual, and with
         `quantize_fp8` the normed output quantized to FP8 per token in the same pass, else
-        None)."""
+        None). With `quantize_fp8` and not `keep_unquantized` (no adapter's shrink reads it),
+        normed is None: only the FP8 copy is written."""
         if not self.quantize_fp8:  # through __call__, so module hooks see the norm
             if residual is None:
                 return self(x), None, None
             normed, new_residual = self(x, residual)
             return normed, new_residual, None
         if residual is None:
-            out, values, scale = rms_norm_quant_fp8(x, self.weight, self.eps)
+            out, values, scale = rms_norm_quant_fp8(x, self.weight, self.eps, keep_unquantized)
             return out, None, QuantizedInput(values, scale)
         out, new_residual, values, scale = fused_add_rms_norm_quant_fp8(
-            x, residual, self.weight, self.eps
+            x, residual, self.weight, self.eps, keep_unquantized
         )
         return out, new_residual, QuantizedInput(values, scale)
 

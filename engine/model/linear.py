@@ -28,6 +28,7 @@ from torch import nn
 from loraplex.engine.distributed.sharding import ShardSpec
 from loraplex.engine.distributed.tp_group import TPGroup
 from loraplex.engine.model.forward_context import ForwardContext
+from loraplex.engine.model.quant.fp8 import Fp8LinearMethod
 from loraplex.engine.model.quant.linear_method import LinearMethod, QuantizedInput
 from loraplex.engine.model.quant.method_factory import create_linear_method
 from loraplex.engine.model.quant.quant_config import QuantConfig
@@ -92,12 +93,15 @@ class MergedLinear(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | None,
         ctx: ForwardContext,
         residual: torch.Tensor | None = None,
         quantized: QuantizedInput | None = None,
     ) -> torch.Tensor:
         """x [T, input_size] -> [T, output_size]
+
+        x may be None when `quantized` holds it and the step has no adapters (ctx.lora is None):
+        an FP8 layer's GEMM reads only the FP8 copy, so the op before need not write x.
 
         `residual` [T, output_size]: the residual stream that the caller adds y to next (o_proj,
         down_proj). The LoRA deltas then go into it (in place) rather than into y: the sum is the
@@ -105,6 +109,7 @@ class MergedLinear(nn.Module):
         """
         if ctx.lora is None:
             return self._linear(x, quantized)
+        assert x is not None, "the LoRA shrink reads x"
         # The shrink only reads x, so it may run beside the base GEMM (on a side stream).
         shrunk = ctx.lora.begin(
             self.layer_idx, self.slice_names, self.slice_sizes, x, delta_into=residual
@@ -114,18 +119,25 @@ class MergedLinear(nn.Module):
         return y
 
     def forward_unexpanded(
-        self, x: torch.Tensor, ctx: ForwardContext, quantized: QuantizedInput | None = None
+        self, x: torch.Tensor | None, ctx: ForwardContext, quantized: QuantizedInput | None = None
     ) -> tuple[torch.Tensor, Any]:
         """(y = x @ W.T (+ b) without the LoRA deltas, the step's shrink of x over every slice,
         an opaque handle, or None): for a consumer that adds the deltas itself (`LoRABatch.silu_and_mul`)."""
         if ctx.lora is None:
             return self._linear(x, quantized), None
+        assert x is not None, "the LoRA shrink reads x"
         shrunk = ctx.lora.begin(
             self.layer_idx, self.slice_names, self.slice_sizes, x, all_slices=True
         )
         return self._linear(x, quantized), shrunk
 
-    def _linear(self, x: torch.Tensor, quantized: QuantizedInput | None = None) -> torch.Tensor:
+    def _linear(
+        self, x: torch.Tensor | None, quantized: QuantizedInput | None = None
+    ) -> torch.Tensor:
+        if x is None:  # FP8 input alone (see forward)
+            assert quantized is not None and isinstance(self.method, Fp8LinearMethod)
+            y = self.method.apply_quantized(quantized)
+            return y if self.bias is None else y + self.bias
         if self.reduce is not None:  # row-parallel: partial sums, then the bias once
             y = self.reduce.all_reduce(self.method.apply(x, quantized))
             return y if self.bias is None else y + self.bias

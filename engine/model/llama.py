@@ -65,19 +65,21 @@ class MLP(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | None,
         ctx: ForwardContext,
         residual: torch.Tensor,
         quantized: QuantizedInput | None = None,
     ) -> torch.Tensor:
         """x [T, hidden_size] -> [T, hidden_size]; down_proj's LoRA deltas go into `residual`,
-        gate_up_proj's are added inside the activation. `quantized`: x as FP8 (FP8 gate_up)."""
+        gate_up_proj's are added inside the activation. `quantized`: x as FP8 (FP8 gate_up);
+        x may then be None in a step without adapters (MergedLinear.forward)."""
         gate_up, shrunk = self.gate_up_proj.forward_unexpanded(x, ctx, quantized)
         if shrunk is not None:
             assert ctx.lora is not None
             return self.down_proj(ctx.lora.silu_and_mul(shrunk, gate_up), ctx, residual)
         if self.down_proj.takes_fp8_input:  # the activation quantized on its way out
-            hidden, values, scale = silu_and_mul_quant_fp8(gate_up)
+            keep = ctx.lora is not None  # for down_proj's shrink
+            hidden, values, scale = silu_and_mul_quant_fp8(gate_up, keep)
             return self.down_proj(hidden, ctx, residual, QuantizedInput(values, scale))
         return self.down_proj(self.act_fn(gate_up), ctx, residual)
 
@@ -116,13 +118,14 @@ class DecoderLayer(nn.Module):
         The residual adds are deferred into the next norm (vLLM's layout): the stream after
         this layer is `hidden + residual` of the returned pair. `residual` is None for layer 0.
         """
+        keep = ctx.lora is not None  # the projections' LoRA shrinks read the unquantized norm
         normed, new_residual, quantized = self.input_layernorm.forward_projection_input(
-            hidden, residual
+            hidden, residual, keep
         )
         residual = hidden if new_residual is None else new_residual
         hidden = self.self_attn(normed, cos, sin, ctx, residual, quantized)
         normed, new_residual, quantized = self.post_attention_layernorm.forward_projection_input(
-            hidden, residual
+            hidden, residual, keep
         )
         assert new_residual is not None
         return self.mlp(normed, ctx, new_residual, quantized), new_residual

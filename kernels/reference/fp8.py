@@ -35,26 +35,29 @@ def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def silu_and_mul_quant_fp8(
     x: torch.Tensor,  # [M, 2 * I]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    keep_unquantized: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """SwiGLU of a fused [gate | up] row, then its per-token FP8 quantization: (out [M, I] in x's
-    dtype, out_fp8 [M, I] float8_e4m3fn, out_scale [M, 1] float32). The bf16 output feeds the
-    LoRA shrink of down_proj, the FP8 pair its base GEMM."""
+    dtype, or None without `keep_unquantized`, out_fp8 [M, I] float8_e4m3fn, out_scale [M, 1]
+    float32). The unquantized output feeds the LoRA shrink of down_proj, the FP8 pair its base
+    GEMM: a step without adapters needs only the pair."""
     out = silu_and_mul(x)
     out_fp8, out_scale = quantize_fp8_per_token(out)
-    return out, out_fp8, out_scale
+    return out if keep_unquantized else None, out_fp8, out_scale
 
 
 def rms_norm_quant_fp8(
     x: torch.Tensor,  # [M, hidden]
     weight: torch.Tensor,  # [hidden]
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """RMSNorm, then its per-token FP8 quantization: (out [M, hidden] in x's dtype, out_fp8
-    float8_e4m3fn, out_scale [M, 1] float32). The bf16 output feeds the next layer's LoRA
-    shrink, the FP8 pair its base GEMM."""
+    keep_unquantized: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """RMSNorm, then its per-token FP8 quantization: (out [M, hidden] in x's dtype, or None
+    without `keep_unquantized`, out_fp8 float8_e4m3fn, out_scale [M, 1] float32). The
+    unquantized output feeds the next projection's LoRA shrink, the FP8 pair its base GEMM."""
     out = rms_norm(x, weight, eps)
     out_fp8, out_scale = quantize_fp8_per_token(out)
-    return out, out_fp8, out_scale
+    return out if keep_unquantized else None, out_fp8, out_scale
 
 
 def fused_add_rms_norm_quant_fp8(
@@ -62,12 +65,13 @@ def fused_add_rms_norm_quant_fp8(
     residual: torch.Tensor,  # [M, hidden]
     weight: torch.Tensor,  # [hidden]
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    keep_unquantized: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
     """fused_add_rms_norm, then the per-token FP8 quantization of its normed output:
-    (out, new_residual, out_fp8, out_scale)."""
+    (out or None without `keep_unquantized`, new_residual, out_fp8, out_scale)."""
     out, new_residual = fused_add_rms_norm(x, residual, weight, eps)
     out_fp8, out_scale = quantize_fp8_per_token(out)
-    return out, new_residual, out_fp8, out_scale
+    return out if keep_unquantized else None, new_residual, out_fp8, out_scale
 
 
 def fp8_scaled_mm(

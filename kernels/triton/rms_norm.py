@@ -13,7 +13,8 @@ Out of place: the inputs are not modified.
 `rms_norm_quant_fp8` / `fused_add_rms_norm_quant_fp8` also quantize the normed row to FP8 per
 token on its way out (the input of an FP8 q/k/v or gate/up projection): the row is in registers,
 so its max |x| is known before it is written, and the per-token quantization kernel's separate
-read and write of it is saved. The math is `fp8_quant.quantize_row`'s: bit for bit the two ops.
+read and write of it is saved. Without `keep_unquantized` (no adapter's shrink reads the normed
+row) only the FP8 row and its scale are written. The math is `fp8_quant.quantize_row`'s: bit for bit the two ops.
 
 The sum of squares adds in the order PyTorch's CUDA reduction adds one row alone
 (`row_sum_cuda_order`, the order of HF's `pow(2).mean(-1)` at a decode step), and the mean is
@@ -109,6 +110,7 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def]
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     QUANT_FP8: tl.constexpr,
+    STORE_OUT: tl.constexpr,  # False only with QUANT_FP8: the FP8 copy alone is wanted
     FP8_MAX: tl.constexpr,
     INV_FP8_MAX: tl.constexpr,
     MIN_SCALE: tl.constexpr,
@@ -145,7 +147,8 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def]
     normed = (x * tl.rsqrt(variance + eps)).to(dtype).to(tl.float32)
     weight = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     out = (weight * normed).to(dtype)  # 0 where masked
-    tl.store(out_ptr + row * stride_out + offs, out, mask=mask)
+    if STORE_OUT:
+        tl.store(out_ptr + row * stride_out + offs, out, mask=mask)
     if QUANT_FP8:
         out_fp8_ptrs = out_fp8_ptr + row * stride_out_fp8 + offs
         store_quantized_row(
@@ -154,7 +157,7 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def]
 
 
 class _NormOutputs(NamedTuple):
-    out: torch.Tensor  # [T, hidden] in x's dtype
+    out: torch.Tensor | None  # [T, hidden] in x's dtype; None when only quantized output is kept
     new_residual: torch.Tensor | None  # x + residual, with a residual
     out_fp8: torch.Tensor | None  # [T, hidden] float8_e4m3fn, when quantized
     out_scale: torch.Tensor | None  # [T, 1] float32, when quantized
@@ -166,6 +169,7 @@ def _launch(
     weight: torch.Tensor,
     eps: float,
     quantize_fp8: bool = False,
+    keep_unquantized: bool = True,
 ) -> _NormOutputs:
     check(OP, x.dim() == 2, f"x must be [num_tokens, hidden_size], got {tuple(x.shape)}")
     num_tokens, hidden_size = x.shape
@@ -182,8 +186,10 @@ def _launch(
         check_contiguous_last_dim(OP, residual=residual)
     check_one_device(OP, *(t for t in (x, weight, residual) if t is not None))
 
-    out = torch.empty((num_tokens, hidden_size), dtype=x.dtype, device=x.device)
-    new_residual = None if residual is None else torch.empty_like(out)
+    assert keep_unquantized or quantize_fp8, "a norm must write some output"
+    shape = (num_tokens, hidden_size)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device) if keep_unquantized else None
+    new_residual = None if residual is None else torch.empty_like(x)
     out_fp8 = out_scale = None
     if quantize_fp8:
         out_fp8 = torch.empty((num_tokens, hidden_size), dtype=FP8_DTYPE, device=x.device)
@@ -193,22 +199,25 @@ def _launch(
         return outputs
     block = triton.next_power_of_2(hidden_size)
     vectorized, lanes = row_sum_lanes(hidden_size)
-    # Without a residual the residual pointers are never read: pass x / out as placeholders.
+    # Pointers a launch never uses get placeholders of the right dtype (x for the bf16 ones),
+    # never read nor written: the residual's without one, out's when it is not kept, the FP8
+    # outputs' when unquantized.
     res_in = x if residual is None else residual
-    res_out = out if new_residual is None else new_residual
-    fp8_out = out if out_fp8 is None else out_fp8  # placeholders, never written, unquantized
-    scale_out = out if out_scale is None else out_scale
+    out_arg = x if out is None else out
+    res_out = x if new_residual is None else new_residual
+    fp8_out = x if out_fp8 is None else out_fp8
+    scale_out = x if out_scale is None else out_scale
     _rms_norm_kernel[(num_tokens,)](
         x,
         res_in,
         weight,
-        out,
+        out_arg,
         res_out,
         fp8_out,
         scale_out,
         x.stride(0),
         res_in.stride(0),
-        out.stride(0),
+        out_arg.stride(0),
         res_out.stride(0),
         fp8_out.stride(0),
         eps,
@@ -217,6 +226,7 @@ def _launch(
         BLOCK=block,
         HAS_RESIDUAL=residual is not None,
         QUANT_FP8=quantize_fp8,
+        STORE_OUT=out is not None,
         FP8_MAX=FP8_MAX,
         INV_FP8_MAX=INV_FP8_MAX,
         MIN_SCALE=MIN_SCALE,
@@ -237,7 +247,9 @@ def rms_norm(
     eps: float,
 ) -> torch.Tensor:
     """weight * normalize(x) -> [num_tokens, hidden_size] in x's dtype (a new tensor)."""
-    return _launch(x, None, weight, eps).out
+    out = _launch(x, None, weight, eps).out
+    assert out is not None
+    return out
 
 
 def fused_add_rms_norm(
@@ -248,7 +260,7 @@ def fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual) in one pass; new tensors, inputs untouched."""
     out, new_residual, _, _ = _launch(x, residual, weight, eps)
-    assert new_residual is not None
+    assert out is not None and new_residual is not None
     return out, new_residual
 
 
@@ -256,9 +268,11 @@ def rms_norm_quant_fp8(
     x: torch.Tensor,  # [num_tokens, hidden_size]
     weight: torch.Tensor,  # [hidden_size]
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rms_norm(x), its float8_e4m3fn copy, its per-token scale [T, 1] float32) in one pass."""
-    out, _, out_fp8, out_scale = _launch(x, None, weight, eps, quantize_fp8=True)
+    keep_unquantized: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(rms_norm(x), or None without `keep_unquantized`, its float8_e4m3fn copy, its per-token
+    scale [T, 1] float32) in one pass."""
+    out, _, out_fp8, out_scale = _launch(x, None, weight, eps, True, keep_unquantized)
     assert out_fp8 is not None and out_scale is not None
     return out, out_fp8, out_scale
 
@@ -268,8 +282,12 @@ def fused_add_rms_norm_quant_fp8(
     residual: torch.Tensor,  # [num_tokens, hidden_size]
     weight: torch.Tensor,  # [hidden_size]
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, x + residual, out's float8_e4m3fn copy, its per-token scale) in one pass."""
-    out, new_residual, out_fp8, out_scale = _launch(x, residual, weight, eps, quantize_fp8=True)
+    keep_unquantized: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, or None without `keep_unquantized`, x + residual, out's float8_e4m3fn copy, its
+    per-token scale) in one pass."""
+    out, new_residual, out_fp8, out_scale = _launch(
+        x, residual, weight, eps, True, keep_unquantized
+    )
     assert new_residual is not None and out_fp8 is not None and out_scale is not None
     return out, new_residual, out_fp8, out_scale

@@ -191,3 +191,29 @@ def test_triton_rms_norm_quant_fp8_equals_the_two_kernels(
     assert torch.equal(out, want_out)
     assert torch.equal(scale, want_scale)
     assert torch.equal(out_fp8.view(torch.uint8), want_fp8.view(torch.uint8))
+
+
+def test_fused_fp8_ops_without_the_unquantized_output_write_the_same_fp8(
+    device: torch.device, triton_kernels: ModuleType
+) -> None:
+    """`keep_unquantized=False` (a step without adapters): the same FP8 values and scales, and
+    no unquantized output, from the references and the kernels."""
+    x = (torch.randn(9, 96, device=device) * 3).to(torch.bfloat16)
+    residual = torch.randn(9, 96, device=device).to(torch.bfloat16)
+    weight = (torch.rand(96, device=device) + 0.5).to(torch.bfloat16)
+    for ops in (reference, triton_kernels):
+        full = ops.silu_and_mul_quant_fp8(x)
+        out, out_fp8, scale = ops.silu_and_mul_quant_fp8(x, keep_unquantized=False)
+        assert out is None and torch.equal(scale, full[2])
+        assert torch.equal(out_fp8.view(torch.uint8), full[1].view(torch.uint8))
+        full = ops.rms_norm_quant_fp8(x, weight, 1e-5)
+        out, out_fp8, scale = ops.rms_norm_quant_fp8(x, weight, 1e-5, keep_unquantized=False)
+        assert out is None and torch.equal(scale, full[2])
+        assert torch.equal(out_fp8.view(torch.uint8), full[1].view(torch.uint8))
+        full4 = ops.fused_add_rms_norm_quant_fp8(x, residual, weight, 1e-5)
+        out, new_residual, out_fp8, scale = ops.fused_add_rms_norm_quant_fp8(
+            x, residual, weight, 1e-5, keep_unquantized=False
+        )
+        assert out is None and torch.equal(new_residual, full4[1])
+        assert torch.equal(scale, full4[3])
+        assert torch.equal(out_fp8.view(torch.uint8), full4[2].view(torch.uint8))

@@ -96,6 +96,7 @@ class Fp8LinearMethod(LinearMethod):
     def create_weights(self, layer: MergedLinear, dtype: torch.dtype, device: torch.device) -> None:
         check_fp8_supported(device)
         n, k = layer.output_size, layer.input_size
+        self.out_dtype = dtype
         self.weight = register(layer, "weight", (n, k), FP8_DTYPE, device)  # [N, K]
         self.weight_scale = register(layer, "weight_scale", (n,), torch.float32, device)  # [N]
 
@@ -147,6 +148,10 @@ class Fp8LinearMethod(LinearMethod):
     def apply(self, x: torch.Tensor, quantized: QuantizedInput | None = None) -> torch.Tensor:
         if quantized is None:
             quantized = QuantizedInput(*quantize_fp8_per_token(x))  # [T, K] fp8, [T, 1] float32
+        return self.apply_quantized(quantized)
+
+    def apply_quantized(self, quantized: QuantizedInput) -> torch.Tensor:
+        """x as FP8 per token -> y [T, output_size] in the model's dtype, no bias."""
         return fp8_scaled_mm(
-            quantized.values, quantized.scale, self.weight, self.weight_scale, x.dtype
+            quantized.values, quantized.scale, self.weight, self.weight_scale, self.out_dtype
         )
