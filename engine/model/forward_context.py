@@ -65,3 +65,12 @@ class ForwardContext:
     # Per layer: (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     lora: LoRAApplier | None = None
+    # Write FP8 projections' inputs unquantized too, even without `lora`: the memory profile
+    # of an engine with adapters enabled, whose peak must be a step with adapters'.
+    keep_unquantized: bool = False
+
+    @property
+    def needs_unquantized_inputs(self) -> bool:
+        """Whether an FP8 projection's input must also be written unquantized (for the LoRA
+        shrink that reads it); without, the op before writes only its FP8 copy."""
+        return self.lora is not None or self.keep_unquantized

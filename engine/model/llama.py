@@ -78,7 +78,7 @@ class MLP(nn.Module):
             assert ctx.lora is not None
             return self.down_proj(ctx.lora.silu_and_mul(shrunk, gate_up), ctx, residual)
         if self.down_proj.takes_fp8_input:  # the activation quantized on its way out
-            keep = ctx.lora is not None  # for down_proj's shrink
+            keep = ctx.needs_unquantized_inputs  # for down_proj's shrink
             hidden, values, scale = silu_and_mul_quant_fp8(gate_up, keep)
             return self.down_proj(hidden, ctx, residual, QuantizedInput(values, scale))
         return self.down_proj(self.act_fn(gate_up), ctx, residual)
@@ -118,7 +118,7 @@ class DecoderLayer(nn.Module):
         The residual adds are deferred into the next norm (vLLM's layout): the stream after
         this layer is `hidden + residual` of the returned pair. `residual` is None for layer 0.
         """
-        keep = ctx.lora is not None  # the projections' LoRA shrinks read the unquantized norm
+        keep = ctx.needs_unquantized_inputs  # for the projections' LoRA shrinks
         normed, new_residual, quantized = self.input_layernorm.forward_projection_input(
             hidden, residual, keep
         )

@@ -131,7 +131,8 @@ class ModelRunner:
             hidden = self.model(
                 torch.zeros(num_tokens, dtype=torch.int64, device=self.device),
                 slots,
-                ForwardContext(attn, self.kv_caches),
+                # With adapters enabled, as much memory as a step with adapters takes.
+                ForwardContext(attn, self.kv_caches, keep_unquantized=self.config.lora.enable_lora),
             )
             self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :])
         torch.cuda.synchronize()
