@@ -98,7 +98,9 @@ def run_engine(
     loras: list[LoRARequest | None],
     device: str,
     warm_up: bool = True,
-) -> float:
+) -> tuple[float, float]:
+    """(seconds of one timed run, of which the engine waited on the GPU's tokens: the rest of
+    the run the GPU may have waited on the host)."""
     params = SamplingParams(
         max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False
     )
@@ -106,11 +108,13 @@ def run_engine(
     if warm_up:  # the same workload once, so every kernel shape is compiled before timing
         llm.generate(requests, params, lora_request=loras, use_tqdm=False)
     sync(device)
+    waited = llm.engine.get_stats().result_wait_seconds
     start = time.perf_counter()
     outs = llm.generate(requests, params, lora_request=loras, use_tqdm=False)
     sync(device)
+    seconds = time.perf_counter() - start
     assert all(len(o.outputs[0].token_ids) == output_len for o in outs)
-    return time.perf_counter() - start
+    return seconds, llm.engine.get_stats().result_wait_seconds - waited
 
 
 def weights_bytes(llm: LLM) -> tuple[int, int]:
@@ -245,7 +249,7 @@ def main() -> None:
     else:
         from loraplex.platform.demo.checkpoint import ensure_demo_checkpoint
 
-        model_dir = ensure_demo_checkpoint(None)
+        model_dir = ensure_demo_checkpoint(tmp)
     config = json.loads((model_dir / "config.json").read_text())
     prompts = synthetic_prompts(
         args.num_prompts, args.min_prompt, args.max_prompt, config["vocab_size"]
@@ -322,12 +326,14 @@ def main() -> None:
     # machine (clocks, other tenants) hits each alike; each count reports its median.
     order = [c for _ in range(args.repeats) for c in counts]
     timings: dict[int, list[float]] = {count: [] for count in counts}
+    waits: dict[int, list[float]] = {count: [] for count in counts}
     breakdowns: dict[int, dict] = {}
     for i, count in enumerate(order):
-        seconds = run_engine(
+        seconds, waited = run_engine(
             llm, prompts, args.output_len, workloads[count], args.device, warm_up=not timings[count]
         )
         timings[count].append(seconds)
+        waits[count].append(waited)
         if count in order[i + 1 :] or args.skip_breakdown:
             continue
         # This count's last round: its per-step breakdown, while its adapters are resident.
@@ -360,6 +366,7 @@ def main() -> None:
             "output_tok_s": tok_s,
             "ratio_to_no_adapter": tok_s / base_tok_s,
             "seconds_each_round": timings[count],
+            "result_wait_seconds_each_round": waits[count],
             **breakdown,
         }
         line = f"Loraplex, {count:3d} adapters (rank {args.lora_rank}): {tok_s:9.1f} output tok/s"
@@ -370,6 +377,12 @@ def main() -> None:
         if args.repeats > 1:
             rounds = ", ".join(f"{num_out / t:.0f}" for t in timings[count])
             print(f"    median of {args.repeats} rounds (tok/s each: {rounds})", flush=True)
+        # Waiting on the GPU's tokens: near the whole round when the GPU sets the pace, low
+        # when the host does (the GPU then idles between steps).
+        shares = ", ".join(
+            f"{w / t:.2f}" for w, t in zip(waits[count], timings[count], strict=True)
+        )
+        print(f"    share of each round waiting on the device: {shares}", flush=True)
         if breakdown:
             print(
                 f"    steps: {breakdown['prefill_steps']} with prefill "

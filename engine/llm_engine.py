@@ -98,6 +98,9 @@ class LLMEngine:
         self.num_steps = 0
         self.num_scheduled_tokens = 0  # tokens computed by the steps (prefill and decode)
         self.step_seconds = 0.0  # wall time inside step(), less its waits for adapter loads
+        # Of step_seconds, the time blocked on a launched step's tokens: the GPU was busy then.
+        # The rest is host work the GPU may wait on (async scheduling hides it while shorter).
+        self.result_wait_seconds = 0.0
         self._throughput = RateMeter()
         self.async_scheduling = (
             config.scheduler.async_scheduling and self.runner.supports_async_scheduling
@@ -273,10 +276,13 @@ class LLMEngine:
         # The deferred text of the step before, while the GPU works (and before the tokens
         # below are appended).
         self.output_processor.flush()
+        waited = time.perf_counter()
         try:
             runner_output = pending.result()
         except Exception:
             return self._fail_step(scheduler_output)
+        finally:
+            self.result_wait_seconds += time.perf_counter() - waited
         updated = self.scheduler.update_from_output(scheduler_output, runner_output)
         outputs, stopped = self.output_processor.process(updated, runner_output.logprobs)
         self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
@@ -370,6 +376,7 @@ class LLMEngine:
             num_steps=self.num_steps,
             num_scheduled_tokens=self.num_scheduled_tokens,
             step_seconds=self.step_seconds,
+            result_wait_seconds=self.result_wait_seconds,
             throughput_tokens_per_s=self._throughput.rate(),
             lora=replace(
                 self.lora_manager.get_stats() if self.lora_manager else LoRAStats(),
