@@ -14,7 +14,8 @@ Out of place: the inputs are not modified.
 token on its way out (the input of an FP8 q/k/v or gate/up projection): the row is in registers,
 so its max |x| is known before it is written, and the per-token quantization kernel's separate
 read and write of it is saved. Without `keep_unquantized` (no adapter's shrink reads the normed
-row) only the FP8 row and its scale are written. The math is `fp8_quant.quantize_row`'s: bit for bit the two ops.
+row) only the FP8 row and its scale are written. The math is `fp8_quant.quantize_row`'s: bit
+for bit the two ops.
 
 The sum of squares adds in the order PyTorch's CUDA reduction adds one row alone
 (`row_sum_cuda_order`, the order of HF's `pow(2).mean(-1)` at a decode step), and the mean is
@@ -157,7 +158,7 @@ def _rms_norm_kernel(  # type: ignore[no-untyped-def]
 
 
 class _NormOutputs(NamedTuple):
-    out: torch.Tensor | None  # [T, hidden] in x's dtype; None when only quantized output is kept
+    out: torch.Tensor | None  # [T, hidden] in x's dtype; None: only the FP8 copy is kept
     new_residual: torch.Tensor | None  # x + residual, with a residual
     out_fp8: torch.Tensor | None  # [T, hidden] float8_e4m3fn, when quantized
     out_scale: torch.Tensor | None  # [T, 1] float32, when quantized
@@ -189,10 +190,10 @@ def _launch(
     assert keep_unquantized or quantize_fp8, "a norm must write some output"
     shape = (num_tokens, hidden_size)
     out = torch.empty(shape, dtype=x.dtype, device=x.device) if keep_unquantized else None
-    new_residual = None if residual is None else torch.empty_like(x)
+    new_residual = None if residual is None else torch.empty(shape, dtype=x.dtype, device=x.device)
     out_fp8 = out_scale = None
     if quantize_fp8:
-        out_fp8 = torch.empty((num_tokens, hidden_size), dtype=FP8_DTYPE, device=x.device)
+        out_fp8 = torch.empty(shape, dtype=FP8_DTYPE, device=x.device)
         out_scale = torch.empty((num_tokens, 1), dtype=torch.float32, device=x.device)
     outputs = _NormOutputs(out, new_residual, out_fp8, out_scale)
     if num_tokens == 0:
