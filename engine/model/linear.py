@@ -137,13 +137,12 @@ class MergedLinear(nn.Module):
         if x is None:  # FP8 input alone (see forward)
             assert quantized is not None and isinstance(self.method, Fp8LinearMethod)
             y = self.method.apply_quantized(quantized)
-            return y if self.bias is None else y + self.bias
-        if self.reduce is not None:  # row-parallel: partial sums, then the bias once
+        elif self.reduce is not None:  # row-parallel: partial sums, then the bias once
             y = self.reduce.all_reduce(self.method.apply(x, quantized))
-            return y if self.bias is None else y + self.bias
-        if type(self.method) is LinearMethod:  # dense: one fused GEMM + bias
+        elif type(self.method) is LinearMethod:  # dense: one fused GEMM + bias
             return F.linear(x, self.weight, self.bias)
-        y = self.method.apply(x, quantized)
+        else:
+            y = self.method.apply(x, quantized)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
