@@ -35,10 +35,13 @@ Tiles (`EXPAND_TILES`, keyed by the number of tokens of the launch): out_dim is 
 (1024..14336 per slice) and the reduction (the rank) short, so BLOCK_N = 128 columns per column
 tile, BLOCK_K = the max rank rounded up to a power of two, capped at 16 for decode and 64
 otherwise. BLOCK_M = 16 (tl.dot's minimum) up to 2,048 tokens: a step of many adapters has
-segments of a few tokens each, and a taller tile would read B^T for rows it does not have; 64
-for longer prefill steps. Column runs (target_programs) from 65 tokens on; a decode step of up
-to 64 tokens runs one column tile per program (runs there cost 7-27% on the H200). The rows are
-bench/lora_many_tiles.py's H200 sweep (bench/results/h200-*-many-tiles).
+segments of a few tokens each, and a taller tile would read B^T for rows it does not have.
+Column runs (target_programs) from 65 to 2,048 tokens; a decode step of up to 64 tokens runs one
+column tile per program (runs there cost 7-27% on the H200). Those rows are
+bench/lora_many_tiles.py's H200 sweep (bench/results/h200-*-many-tiles). Past 2,048 tokens
+(prefill), 32-row tiles, one column tile per program: bench/lora_prefill_tiles.py's sweep of
+W1's 4,096-token step, where the expand moves y at 80% of a copy's speed (64-row tiles with
+runs: 59%).
 `launch_lora_expand` takes the tiles as an argument (benchmarks and tests pass candidates).
 
 Numerics: the `lora_out` tile is cast to the weights' dtype for the tensor-core dot (as vLLM's
@@ -99,10 +102,7 @@ EXPAND_TILES: Final = TileTable(
             2048,
             ExpandTiles(16, 128, max_block_k=64, num_warps=4, num_stages=2, target_programs=1024),
         ),
-        (
-            sys.maxsize,
-            ExpandTiles(64, 128, max_block_k=64, num_warps=4, num_stages=2, target_programs=1024),
-        ),
+        (sys.maxsize, ExpandTiles(32, 128, max_block_k=64, num_warps=4, num_stages=2)),
     )
 )
 

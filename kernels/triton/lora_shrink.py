@@ -9,8 +9,12 @@ tile, in_dim chunk, rank tile, slice): it gathers its token rows of `x` through
 `sorted_token_ids` (no copy of x), multiplies them by its adapter's A over its chunk of in_dim
 and adds the partial product into `out` (split-K):
 
-    grid = (num_segment_tiles, cdiv(in_dim, K_CHUNK) * cdiv(max_rank, BLOCK_N), num_slices)
+    grid = (num_slices, cdiv(in_dim, K_CHUNK) * cdiv(max_rank, BLOCK_N), num_segment_tiles)
     program_id(1) = k_chunk * num_rank_tiles + rank_tile
+
+The slice varies fastest: the programs of one x tile for q, k and v (gate and up) run side by
+side, so the second and third read x from L2 instead of HBM (a prefill step's x is larger than
+L2; with the slice slowest, each slice's pass read all of x again).
 
 Segment tiles (`lora_segments.py`) cover the segments of slots whose adapter has a rank for the
 program's slice, within a bound that depends on shapes only (CUDA-graph friendly). Programs past
@@ -133,14 +137,13 @@ def _lora_shrink_kernel(  # type: ignore[no-untyped-def]
 ):
     pid_k = tl.program_id(1) // num_rank_tiles
     n_start = (tl.program_id(1) % num_rank_tiles) * BLOCK_N
-    slice_id = tl.program_id(2)
-    past, num_active = past_last_tile(
-        tl.program_id(0), slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M
-    )
+    slice_id = tl.program_id(0)
+    tile_id = tl.program_id(2)
+    past, num_active = past_last_tile(tile_id, slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M)
     if past:
         return
     adapter, m_start, seg_end, rank = segment_tile(
-        tl.program_id(0),
+        tile_id,
         slot_start_loc_ptr,
         slot_adapters_ptr,
         lora_ranks_ptr + slice_id * stride_rs,
@@ -289,7 +292,7 @@ def launch_lora_shrink(
     num_rank_tiles = triton.cdiv(max_rank, block_n)
     num_slots = slot_adapters.shape[0]
     num_tiles, slots = segment_grid(num_tokens, num_slots, tiles.block_m)
-    grid = (num_tiles, split_k * num_rank_tiles, num_slices)
+    grid = (num_slices, split_k * num_rank_tiles, num_tiles)
     page_size = pages.shape[1]
     _lora_shrink_kernel[grid](
         x,
