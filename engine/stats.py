@@ -83,7 +83,8 @@ class EngineStats:
     num_steps: int = 0
     num_scheduled_tokens: int = 0  # computed by the steps: prefill and decode tokens
     step_seconds: float = 0.0  # wall time in its steps (not waiting for adapter loads)
-    # Of step_seconds, blocked on the GPU's tokens; the rest is the host's own work.
+    # Of step_seconds, blocked on the GPU's tokens. The rest is the host's own work, and also any
+    # time a kernel launch blocked because CUDA's queue of pending launches was full.
     result_wait_seconds: float = 0.0
     throughput_tokens_per_s: float = 0.0  # over the last ~10 s
     lora: LoRAStats = field(default_factory=LoRAStats)
