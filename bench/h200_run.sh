@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lease, one script: the GPU tests first, then timing. On the device machine, from the repo
 # root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput; also attention,
-# lora, many, serve, quant, w4a16, tp, prio, agreement, rounding); results go to $OUT (or
+# lora, tiles, many, serve, quant, w4a16, tp, prio, agreement, rounding); results go to $OUT (or
 # bench/results/tmp).
 #
 # The device has torch, triton, transformers and peft, but not this package and no package
@@ -41,6 +41,14 @@ if [ -d .whl/deps ]; then
     prometheus-client python-multipart openai redis 'psycopg[binary]' py-spy || exit 2
 fi
 
+# Each second, whether a kernel ran (utilization.gpu: the share of the last sample period with
+# one running), the SM clock and the power: a slow round then shows whether the GPU idled or
+# throttled.
+nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw --format=csv -l 1 \
+  > "$OUT/gpu_monitor.csv" 2>/dev/null &
+monitor=$!
+trap 'kill $monitor 2>/dev/null' EXIT
+
 # Per-step limits keep `env gpu-tests kernels tput` under 10 minutes. SIGINT first: pytest then
 # still prints its summary of what ran.
 limit() { timeout -s INT -k 15 "$@"; }
@@ -69,6 +77,11 @@ for step in $steps; do
             --skip-hf --adapters 0,8 --repeats "${REPEATS:-2}" --num-prompts 512 --min-prompt 512 \
             --max-prompt 512 --output-len 128 --kernel-totals "$OUT/kernel_totals.txt" \
             --json "$OUT/w1.json" 2>&1 | grep -v Loading | tee "$OUT/w1.txt";;
+    tiles) # candidate LoRA tiles on W1's prefill step and on its decode step (8 adapters)
+           limit ${TILES_TIMEOUT:-240} python3 bench/lora_step_tiles.py \
+             --json "$OUT/step_tiles_prefill.json" 2>&1 | tee "$OUT/step_tiles_prefill.txt" &&
+           limit ${TILES_TIMEOUT:-240} python3 bench/lora_step_tiles.py --tokens 256 --run 1 \
+             --json "$OUT/step_tiles_decode.json" 2>&1 | tee "$OUT/step_tiles_decode.txt";;
     many) limit ${MANY_TIMEOUT:-540} python3 bench/many_adapters.py --shape llama3-8b \
             --adapters "${MANY_ADAPTERS:-0,8,64,256,1024}" --rounds "${ROUNDS:-3}" \
             --json "$OUT/many_adapters.json" ${MANY_ARGS:-} 2>&1 | grep -v Loading \

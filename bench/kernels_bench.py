@@ -3,7 +3,7 @@
 Correctness is tested in tests/ (`pytest -m gpu`); this script only sanity-checks the LoRA step
 it times against the reference first. Run from the repo root with `loraplex` installed:
 
-    python3 bench/kernels_bench.py [--tiles]
+    python3 bench/kernels_bench.py [--many | --many-only]
 
 1. Paged attention: decode (batch 32 and 64, context 640; GB/s of KV read) and prefill (4 x 512).
 2. Fused decoder ops, Triton vs the reference: eager, and per call in a CUDA graph of 20 calls,
@@ -16,8 +16,8 @@ it times against the reference first. Run from the repo root with `loraplex` ins
 4. `--many`: LoRA on q/k/v/o at ranks 8/16/32/64 in turn (max_lora_rank 64) with 8 to 128
    distinct adapters in one step (one adapter per token at most), as in bench/many_adapters.py's
    workload: ms per step of 32 layers and the adapters' weight bytes per second read.
-5. `--tiles`: candidate tiles, passed explicitly to launch_lora_shrink / launch_lora_expand, each
-   kernel alone over a layer's 4 slice groups at T = 64 (decode row) and 4096 (prefill row).
+Candidate tiles for the LoRA kernels: bench/lora_step_tiles.py (a step of 8 adapters) and
+bench/lora_many_tiles.py (many adapters), each timed from CUDA graphs.
 
 Prints a table per part; writes $OUT/kernels.json when OUT is set. Exits 1 if the sanity check
 fails.
@@ -45,7 +45,6 @@ from lora_step import (
     create_adapter_pool,
     create_base_weights,
 )
-from lora_tile_candidates import time_tile_candidates
 
 from loraplex.engine.lora.adapter_pool import AdapterPool
 from loraplex.engine.lora.lora_batch import LoRAWorkspace
@@ -239,8 +238,6 @@ def main() -> int:
         results["fused_ops"] = time_fused_ops(triton_kernels)
         pool = create_adapter_pool(DTYPE, DEVICE)
         results["lora_us_per_layer"] = time_lora(pool)
-        if "--tiles" in sys.argv:
-            results["lora_tile_candidates_us_per_layer"] = time_tile_candidates(pool)
     if "--many" in sys.argv or "--many-only" in sys.argv:
         results["lora_many_ms_per_step"] = time_lora_many()
     results["wall_s"] = time.perf_counter() - started

@@ -39,7 +39,7 @@ segments of a few tokens each, and a taller tile would read B^T for rows it does
 Column runs (target_programs) from 65 to 2,048 tokens; a decode step of up to 64 tokens runs one
 column tile per program (runs there cost 7-27% on the H200). Those rows are
 bench/lora_many_tiles.py's H200 sweep (bench/results/h200-*-many-tiles). Past 2,048 tokens
-(prefill), 32-row tiles, one column tile per program: bench/lora_prefill_tiles.py's sweep of
+(prefill), 32-row tiles, one column tile per program: bench/lora_step_tiles.py's sweep of
 W1's 4,096-token step, where the expand moves y at 80% of a copy's speed (64-row tiles with
 runs: 59%).
 `launch_lora_expand` takes the tiles as an argument (benchmarks and tests pass candidates).

@@ -1,4 +1,5 @@
 """Scratch (not committed): bench/offline_throughput.py with LoRABatch's side-stream threshold set."""
+
 import runpy
 import sys
 

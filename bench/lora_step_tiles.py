@@ -1,16 +1,22 @@
-"""Sweep of the LoRA kernels' prefill tiles (the tables' last rows) on W1's prefill step.
+"""Sweep of the LoRA kernels' tiles on one step of W1 (prefill, by default) or of its decode.
 
 W1 (512 x 512/128, bench/offline_throughput.py) with 8 adapters runs its prompts in steps of
-4,096 tokens: 8 requests of 512 tokens, each request's adapter its own. Per candidate tile, the
-shrink of every slice group and the expand of the groups the engine expands (q/k/v into y, o and
-down into the residual stream; gate_up's deltas go into the activation's kernel, timed by
-bench/silu_lora_tiles.py) of one Llama-3-8B layer, each launch alone replayed from a CUDA
-graph (a launch from Python takes longer than these kernels run; do_bench flushes L2),
-8 adapters of rank 16 in an AdapterPool's pages (bench/lora_step.py). Every candidate's output is
-compared with the table's row first (`bad` marks a mismatch). Prints us per layer per candidate,
-the table's row first; `--json` writes them.
+4,096 tokens: 8 requests of 512 tokens, each request's adapter its own (`--run 512`, the
+default); its decode steps hold up to 256 sequences of one token each, the adapters in turn
+(`--tokens 256 --run 1`). Per candidate tile, the shrink of every slice group and the expand of
+the groups the engine expands (q/k/v into y, o and down into the residual stream; gate_up's
+deltas go into the activation's kernel, timed by bench/silu_lora_tiles.py) of one Llama-3-8B
+layer, each launch alone replayed from a CUDA graph (a launch from Python takes longer than these
+kernels run; do_bench flushes L2), 8 adapters of rank 16 in an AdapterPool's pages
+(bench/lora_step.py). The candidates are a grid around the table's row for the step's size
+(prefill: tall tiles, long k chunks; decode: 16-32 rows, short chunks, column runs or not).
+Every candidate's output is compared with the table row's first (`bad` marks a mismatch).
+Prints us per layer per candidate, the table's row first; `--json` writes them.
 
-    python bench/lora_prefill_tiles.py [--tokens 4096] [--json out.json]
+The tables' rows below 2,048 tokens also serve steps of many adapters: check a change there
+with bench/lora_many_tiles.py too.
+
+    python3 bench/lora_step_tiles.py [--tokens 4096 --run 512] [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,20 +47,26 @@ from loraplex.kernels.lora_mapping import build_lora_mapping
 from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles, launch_lora_expand
 from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, ShrinkTiles, launch_lora_shrink
 
-REQUEST_TOKENS = 512  # W1's prompt: one request's run of tokens in the step
+PREFILL_TOKENS = 2048  # from here on, a step takes the tables' prefill rows
 EXPANDED = (GROUPS[0], GROUPS[1], GROUPS[3])  # q/k/v, o, down: the engine's expand launches
 
 
-def shrink_candidates() -> list[ShrinkTiles]:
-    grid = itertools.product((64, 128), (64, 128), (1024, 2048, 4096), (4, 8))
+def shrink_candidates(num_tokens: int) -> list[ShrinkTiles]:
+    if num_tokens > PREFILL_TOKENS:
+        grid = itertools.product((64, 128), (64, 128), (1024, 2048, 4096), (4, 8), (3,))
+    else:
+        grid = itertools.product((16, 32), (64, 128), (256, 512, 1024), (4,), (2, 3))
     return [
-        ShrinkTiles(m, block_k=k, k_chunk=c, max_block_n=64, num_warps=w, num_stages=3)
-        for m, k, c, w in grid
+        ShrinkTiles(m, block_k=k, k_chunk=c, max_block_n=64, num_warps=w, num_stages=s)
+        for m, k, c, w, s in grid
     ]
 
 
-def expand_candidates() -> list[ExpandTiles]:
-    grid = itertools.product((32, 64, 128), (128, 256), (4, 8), (2, 3), (None, 1024))
+def expand_candidates(num_tokens: int) -> list[ExpandTiles]:
+    if num_tokens > PREFILL_TOKENS:
+        grid = itertools.product((32, 64, 128), (128, 256), (4, 8), (2, 3), (None, 1024))
+    else:
+        grid = itertools.product((16, 32), (64, 128, 256), (4, 8), (2,), (None, 1024, 4096))
     return [
         ExpandTiles(m, n, max_block_k=64, num_warps=w, num_stages=s, target_programs=t)
         for m, n, w, s, t in grid
@@ -93,17 +105,18 @@ def sweep(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--run", type=int, default=512, help="consecutive tokens of one adapter")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("lora_prefill_tiles needs a CUDA GPU", file=sys.stderr)
+        print("lora_step_tiles needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     device, dtype = torch.device("cuda"), torch.bfloat16
     pool = create_adapter_pool(dtype, device)
     slot_adapters, num_active_slots = batch_slot_adapters(pool, NUM_ADAPTERS)
     num_tokens = args.tokens
-    token_slots = (torch.arange(num_tokens, device=device) // REQUEST_TOKENS) % NUM_ADAPTERS
+    token_slots = (torch.arange(num_tokens, device=device) // args.run) % NUM_ADAPTERS
     ids, loc = build_lora_mapping(token_slots.to(torch.int32), NUM_SLOTS)
     mapping = (slot_adapters, num_active_slots, ids, loc)
 
@@ -133,12 +146,12 @@ def main() -> int:
             y_timed = y0.clone()
             expand_calls[names[0]] = functools.partial(expand, names, lora_out, y0, y_timed)
             copy_us += bench_us(y0.clone)  # reads and writes y once, as the expand must
-    runs = f"runs of {REQUEST_TOKENS}"
+    runs = f"runs of {args.run}"
     print(f"T {num_tokens}, {NUM_ADAPTERS} adapters of rank {ADAPTER_RANK}, {runs}")
     print(f"  a copy of each expanded y (the expand's bytes): {copy_us:.1f} us per layer")
     results: dict[str, object] = {"copy_us": copy_us}
-    shrinks = [SHRINK_TILES.lookup(num_tokens), *shrink_candidates()]
-    expands = [EXPAND_TILES.lookup(num_tokens), *expand_candidates()]
+    shrinks = [SHRINK_TILES.lookup(num_tokens), *shrink_candidates(num_tokens)]
+    expands = [EXPAND_TILES.lookup(num_tokens), *expand_candidates(num_tokens)]
     swept = {
         "shrink": sweep("shrink", shrinks, shrink_calls),
         "expand": sweep("expand", expands, expand_calls),
