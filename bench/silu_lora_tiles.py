@@ -6,11 +6,12 @@ Llama-3-8B's gate_up (intermediate 14336) with 8 adapters x rank 16 in an Adapte
 
 - `silu alone`: silu_and_mul of y, the floor of the fused kernel (same bytes read and written);
 - `unfused`: lora_expand of gate_up into y (EXPAND_TILES' row), then silu_and_mul;
-- `fused`: launch_silu_and_mul_lora with each candidate (SILU_LORA_TILES' own row first);
-- the remaining expands (qkv, down: o is down's shape), EXPAND_TILES' row and candidates.
+- `fused`: launch_silu_and_mul_lora with each candidate (SILU_LORA_TILES' own row first).
 
-Eager launches, L2 flushed before each (kernel_timing.bench_us). Timing only: the kernels'
-tests check every tile shape against the reference.
+Each call replayed from a CUDA graph, L2 flushed before each replay (kernel_timing.graph_us): a
+launch from Python takes longer than the small steps' kernels run, so eager timings measured
+the host. The other expands' tiles: bench/lora_step_tiles.py. Timing only: the kernels' tests
+check every tile shape against the reference.
 
     python3 bench/silu_lora_tiles.py [--json PATH]
 """
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from kernel_timing import bench_us
+from kernel_timing import graph_us
 from lora_step import (
     ADAPTER_RANK,
     NUM_ADAPTERS,
@@ -44,7 +45,6 @@ from loraplex.kernels.triton.silu_and_mul_lora import SILU_LORA_TILES, launch_si
 
 SIZES = (64, 256, 1024, 2048, 4096)
 GATE_UP = ("gate_proj", "up_proj")
-OTHERS = (("q_proj", "k_proj", "v_proj"), ("down_proj",))
 FUSED_CANDIDATES = (
     ExpandTiles(16, 128, max_block_k=64, num_warps=4, num_stages=2),
     ExpandTiles(16, 128, max_block_k=64, num_warps=4, num_stages=2, target_programs=1024),
@@ -55,12 +55,6 @@ FUSED_CANDIDATES = (
     ExpandTiles(64, 128, max_block_k=64, num_warps=4, num_stages=2),
     ExpandTiles(64, 128, max_block_k=64, num_warps=8, num_stages=2),
     ExpandTiles(64, 128, max_block_k=64, num_warps=8, num_stages=2, target_programs=4096),
-)
-EXPAND_CANDIDATES = (
-    ExpandTiles(16, 128, max_block_k=64, num_warps=4, num_stages=2),
-    ExpandTiles(16, 128, max_block_k=64, num_warps=4, num_stages=2, target_programs=4096),
-    ExpandTiles(64, 128, max_block_k=64, num_warps=4, num_stages=2),
-    ExpandTiles(64, 128, max_block_k=64, num_warps=8, num_stages=2),
 )
 
 
@@ -102,9 +96,9 @@ def main() -> int:
         expand = functools.partial(
             launch_lora_expand, lora_out, *b_tables, pool.scalings, *mapping, y, 0, sizes
         )
-        report(num_tokens, "silu alone", bench_us(functools.partial(silu_and_mul, y)))
+        report(num_tokens, "silu alone", graph_us(functools.partial(silu_and_mul, y)))
         unfused = functools.partial(expand_then_silu, expand, EXPAND_TILES.lookup(num_tokens), y)
-        report(num_tokens, "unfused", bench_us(unfused))
+        report(num_tokens, "unfused", graph_us(unfused))
         fused = functools.partial(
             launch_silu_and_mul_lora, y, lora_out, *b_tables, pool.scalings, *mapping
         )
@@ -114,21 +108,8 @@ def main() -> int:
             report(
                 num_tokens,
                 f"{mark} {candidate}",
-                bench_us(functools.partial(fused, tiles=candidate)),
+                graph_us(functools.partial(fused, tiles=candidate)),
             )
-        for names in OTHERS:
-            rows, sizes = group_slices(names), group_sizes(names)
-            lo = torch.randn(len(names), num_tokens, ADAPTER_RANK, device=device)
-            out = torch.randn(num_tokens, sum(sizes), device=device, dtype=dtype)
-            b_tables = (pool.pages[0], pool.page_table, pool.first_b[rows], pool.ranks[rows])
-            call = functools.partial(
-                launch_lora_expand, lo, *b_tables, pool.scalings, *mapping, out, 0, sizes
-            )
-            own = EXPAND_TILES.lookup(num_tokens)
-            for candidate in (own, *(c for c in EXPAND_CANDIDATES if c != own)):
-                mark = "(table)" if candidate == own else ""
-                what = f"expand {names[0][:-5]} {mark} {candidate}"
-                report(num_tokens, what, bench_us(functools.partial(call, tiles=candidate)))
     assert SHAPES["gate_proj"][1] == y.shape[1] // 2
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
