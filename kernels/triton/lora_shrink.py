@@ -73,6 +73,7 @@ from loraplex.kernels.triton.lora_segments import (
 from loraplex.kernels.triton.tile_table import TileTable, check_dot_tiles
 
 OP = "lora_shrink"
+MAX_GRID_Z = 65535
 
 
 @dataclass(frozen=True)
@@ -280,6 +281,10 @@ def launch_lora_shrink(
     _check_args(x, pages, *tables, out)
     num_tokens, in_dim = x.shape
     num_slices, _, max_rank = out.shape
+    num_tiles, slots = segment_grid(num_tokens, slot_adapters.shape[0], tiles.block_m)
+    # The segment tiles take the grid's third dimension (CUDA caps it at 65,535): millions of
+    # tokens in one launch, far past any step's max_num_batched_tokens.
+    check(OP, num_tiles <= MAX_GRID_Z, f"{num_tokens} tokens need more than {MAX_GRID_Z} tiles")
     if zero_out:
         out.zero_()
     if num_tokens == 0 or max_rank == 0 or num_slices == 0 or in_dim == 0:
@@ -290,8 +295,6 @@ def launch_lora_shrink(
     split_k = triton.cdiv(in_dim, k_chunk)
     block_n = rank_block(max_rank, tiles.max_block_n)
     num_rank_tiles = triton.cdiv(max_rank, block_n)
-    num_slots = slot_adapters.shape[0]
-    num_tiles, slots = segment_grid(num_tokens, num_slots, tiles.block_m)
     grid = (num_slices, split_k * num_rank_tiles, num_tiles)
     page_size = pages.shape[1]
     _lora_shrink_kernel[grid](

@@ -21,7 +21,12 @@ import torch
 
 from loraplex.kernels.reference import lora as reference
 from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles, launch_lora_expand
-from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, ShrinkTiles, launch_lora_shrink
+from loraplex.kernels.triton.lora_shrink import (
+    MAX_GRID_Z,
+    SHRINK_TILES,
+    ShrinkTiles,
+    launch_lora_shrink,
+)
 from loraplex.kernels.triton.tile_table import TileTable
 from tests.kernels.interpreter_dtypes import DTYPES
 from tests.kernels.lora_inputs import (
@@ -253,6 +258,22 @@ def test_tile_tables_pick_the_first_row_that_fits() -> None:
     ]
     for table in (SHRINK_TILES, EXPAND_TILES):
         assert table.rows[-1][0] == sys.maxsize
+
+
+def test_lora_shrink_rejects_more_segment_tiles_than_the_grid_holds(device: torch.device) -> None:
+    # The segment tiles are the grid's third dimension, which CUDA caps at 65,535 programs.
+    case = lora_case([[8], [8]], [3], 0, 8, (16, 16), page_size=64)
+    inputs = make_inputs(case, torch.float32, device)
+    pages, page_table, first_a, ranks, slot_adapters, num_active, _, loc = inputs.shrink_tables
+    tiles = SHRINK_TILES.rows[0][1]
+    num_tokens = tiles.block_m * MAX_GRID_Z  # plus the slots' tiles: one grid row too many
+    x = torch.zeros(num_tokens, inputs.x.shape[1], device=device)
+    ids = torch.arange(num_tokens, dtype=torch.int32, device=device)
+    out = torch.full((inputs.shape[0], num_tokens, inputs.shape[2]), 7.0, device=device)
+    tables = (pages, page_table, first_a, ranks, slot_adapters, num_active, ids, loc)
+    with pytest.raises(ValueError, match="tiles"):
+        launch_lora_shrink(x, *tables, out, True, tiles)
+    assert bool((out == 7.0).all()), "a rejected launch must leave out as it was"
 
 
 def test_tile_tables_and_tiles_reject_bad_data() -> None:
