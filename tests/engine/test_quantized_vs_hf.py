@@ -120,28 +120,3 @@ def test_quantized_base_with_mixed_adapters_matches_hf(
     # The adapters change outputs on the quantized base too.
     plain = hf_greedy(oracle_dir, prompts, MAX_TOKENS, prepare=prepare)
     assert sum(p != e for p, e in zip(plain, expected, strict=True)) >= 2
-
-
-def test_fp8_base_without_adapters_skips_the_unquantized_inputs_and_matches_hf(
-    bases: dict[str, tuple[Path, dict[str, Path]]], tmp_path: Path
-) -> None:
-    """A step without adapters has no LoRA shrink to read the norms' and the activation's
-    unquantized output: the FP8 projections get their FP8 input alone (x None), and the tokens
-    are still HF's on the same quantization."""
-    base, _ = bases["small"]
-    oracle_dir = write_fp8_online_twin(base, tmp_path / "twin")
-    rng = random.Random(5)
-    prompts = [[rng.randrange(5, 500) for _ in range(rng.randrange(2, 30))] for _ in range(4)]
-    expected = hf_greedy(oracle_dir, prompts, MAX_TOKENS, prepare=quantize_linear_inputs)
-
-    llm = LLM(str(base), device="cpu", dtype="float32", quantization="fp8")
-    inputs: list[torch.Tensor | None] = []
-    layer = llm.engine.runner.model.model.layers[0]
-    # The norm's output (qkv_proj) and the activation's (down_proj); gate_up_proj takes the
-    # second norm's through forward_unexpanded, which module hooks do not see.
-    for proj in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
-        proj.register_forward_pre_hook(lambda _, args: inputs.append(args[0]))
-    params = SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, temperature=0.0)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == expected
-    assert inputs and all(x is None for x in inputs)
