@@ -99,8 +99,8 @@ def run_engine(
     device: str,
     warm_up: bool = True,
 ) -> tuple[float, float]:
-    """(seconds of one timed run, of which the engine waited on the GPU's tokens: the rest of
-    the run the GPU may have waited on the host)."""
+    """(seconds of one timed run, of which the engine waited on the GPU's tokens; the rest is
+    host work and launches that blocked on CUDA's full launch queue)."""
     params = SamplingParams(
         max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False
     )
@@ -377,8 +377,9 @@ def main() -> None:
         if args.repeats > 1:
             rounds = ", ".join(f"{num_out / t:.0f}" for t in timings[count])
             print(f"    median of {args.repeats} rounds (tok/s each: {rounds})", flush=True)
-        # Waiting on the GPU's tokens: near the whole round when the GPU sets the pace, low
-        # when the host does (the GPU then idles between steps).
+        # Waiting on the GPU's tokens. A high share means the GPU set the pace; a low one alone
+        # does not mean the host did: a launch blocked on CUDA's full launch queue counts as
+        # host time (compare the round with its GPU kernel time, --kernel-totals).
         shares = ", ".join(
             f"{w / t:.2f}" for w, t in zip(waits[count], timings[count], strict=True)
         )

@@ -98,8 +98,8 @@ class LLMEngine:
         self.num_steps = 0
         self.num_scheduled_tokens = 0  # tokens computed by the steps (prefill and decode)
         self.step_seconds = 0.0  # wall time inside step(), less its waits for adapter loads
-        # Of step_seconds, the time blocked on a launched step's tokens: the GPU was busy then.
-        # The rest is host work the GPU may wait on (async scheduling hides it while shorter).
+        # Of step_seconds, the time blocked on a launched step's tokens (EngineStats says what
+        # the rest holds).
         self.result_wait_seconds = 0.0
         self._throughput = RateMeter()
         self.async_scheduling = (
