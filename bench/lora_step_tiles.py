@@ -16,7 +16,7 @@ Prints us per layer per candidate, the table's row first; `--json` writes them.
 The tables' rows below 2,048 tokens also serve steps of many adapters: check a change there
 with bench/lora_many_tiles.py too.
 
-    python3 bench/lora_step_tiles.py [--tokens 4096 --run 512] [--json out.json]
+    python3 bench/lora_step_tiles.py [--tokens 4096 --run 512] [--table-only] [--json out.json]
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--run", type=int, default=512, help="consecutive tokens of one adapter")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--table-only", action="store_true", help="time the tables' rows alone")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("lora_step_tiles needs a CUDA GPU", file=sys.stderr)
@@ -150,8 +151,11 @@ def main() -> int:
     print(f"T {num_tokens}, {NUM_ADAPTERS} adapters of rank {ADAPTER_RANK}, {runs}")
     print(f"  a copy of each expanded y (the expand's bytes): {copy_us:.1f} us per layer")
     results: dict[str, object] = {"copy_us": copy_us}
-    shrinks = [SHRINK_TILES.lookup(num_tokens), *shrink_candidates(num_tokens)]
-    expands = [EXPAND_TILES.lookup(num_tokens), *expand_candidates(num_tokens)]
+    shrinks = [SHRINK_TILES.lookup(num_tokens)]
+    expands = [EXPAND_TILES.lookup(num_tokens)]
+    if not args.table_only:
+        shrinks += shrink_candidates(num_tokens)
+        expands += expand_candidates(num_tokens)
     swept = {
         "shrink": sweep("shrink", shrinks, shrink_calls),
         "expand": sweep("expand", expands, expand_calls),

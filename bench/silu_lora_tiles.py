@@ -13,7 +13,7 @@ launch from Python takes longer than the small steps' kernels run, so eager timi
 the host. The other expands' tiles: bench/lora_step_tiles.py. Timing only: the kernels' tests
 check every tile shape against the reference.
 
-    python3 bench/silu_lora_tiles.py [--json PATH]
+    python3 bench/silu_lora_tiles.py [--table-only] [--json PATH]
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def expand_then_silu(expand: Callable[..., None], tiles: ExpandTiles, y: torch.T
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
+    ap.add_argument("--table-only", action="store_true", help="time the table's rows alone")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("silu_lora_tiles needs a CUDA GPU", file=sys.stderr)
@@ -103,7 +104,8 @@ def main() -> int:
             launch_silu_and_mul_lora, y, lora_out, *b_tables, pool.scalings, *mapping
         )
         own = SILU_LORA_TILES.lookup(num_tokens)
-        for candidate in (own, *(c for c in FUSED_CANDIDATES if c != own)):
+        others = () if args.table_only else tuple(c for c in FUSED_CANDIDATES if c != own)
+        for candidate in (own, *others):
             mark = "fused (table)" if candidate == own else "fused"
             report(
                 num_tokens,

@@ -84,6 +84,11 @@ def lora_case(
     )  # fmt: skip
 
 
+# 48 slots of 1-3 tokens, ranks 4 to 16 (one 0): a partial tile each, far more slot tiles than
+# whole ones, as in a decode step of many adapters.
+MANY_SLOT_RANKS = [0 if s == 7 else 4 * (1 + s % 4) for s in range(48)]
+MANY_SLOT_TOKENS = [1 + s % 3 for s in range(48)]
+
 # Row placements, for in_dim 200 (A) and each slice's out_dim (B^T): "fit" packs several rows to
 # a page (or exactly one), "span" splits each row over several pages.
 CASES = {
@@ -117,6 +122,10 @@ CASES = {
     "2-slices-r128": lora_case([[100, 40], [128, 0]], [4, 6], 1, 128, (24, 16), page_size=64),
     # B^T of one slice spans pages, of the other packs 2 rows a page.
     "mixed-row-placements": lora_case([[8, 4], [8, 16]], [5, 7], 2, 16, (72, 24), page_size=64),
+    # Many slots of a few tokens each.
+    "many-small-segments": lora_case(
+        [MANY_SLOT_RANKS, MANY_SLOT_RANKS[::-1]], MANY_SLOT_TOKENS, 3, 16, (24, 8), page_size=256
+    ),
 }
 # The Triton expand reads this case wrong (see test_lora_kernels.py).
 MIXED_PLACEMENTS = "mixed-row-placements"

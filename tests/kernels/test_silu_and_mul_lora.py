@@ -22,6 +22,8 @@ from loraplex.kernels.triton.silu_and_mul_lora import SILU_LORA_TILES, launch_si
 from tests.kernels.interpreter_dtypes import DTYPES
 from tests.kernels.lora_inputs import (
     ATOL,
+    MANY_SLOT_RANKS,
+    MANY_SLOT_TOKENS,
     LoRACase,
     LoRAKernelInputs,
     lora_case,
@@ -40,6 +42,10 @@ CASES = {
     "all-adapted": lora_case([[16, 8], [16, 8]], [17, 16], 0, 16, (INTER, INTER), 256),
     # More than 64 tokens: the mid row of the tiles (column runs).
     "mid-sized": lora_case([[16, 4], [16, 4]], [50, 17], 6, 16, (INTER, INTER), 256),
+    # Many slots of a few tokens each.
+    "many-small-segments": lora_case(
+        [MANY_SLOT_RANKS, MANY_SLOT_RANKS[::-1]], MANY_SLOT_TOKENS, 5, 16, (INTER, INTER), 256
+    ),
 }
 VARIANTS: dict[str, ExpandTiles] = {
     **{f"row{i}": tiles for i, (_, tiles) in enumerate(SILU_LORA_TILES.rows)},

@@ -1,0 +1,161 @@
+"""Registers, spills and shared memory of the LoRA kernels' tile rows, compiled for Hopper on any
+machine (Triton's bundled ptxas; no GPU needed).
+
+A kernel that reads memory hides latency with the programs resident on an SM, and registers are
+what bounds them: an SM has 65,536, so a 4-warp program of 138 registers leaves room for 3 of
+them and one of 180 for 2. A change to a kernel's structure (a loop, a vector kept alive) can
+move its registers a long way without changing its math; this shows it before a GPU lease.
+Each row: the kernel, the table row's tiles, registers per thread, stack bytes (spills land
+there), shared memory, and programs per SM as registers allow (ignoring shared memory).
+
+The kernels are compiled as the engine launches them for Llama-3-8B with bf16 pages and
+rank-16 adapters: 256 batch slots (max_loras unset, max_num_seqs 256; a row's slot vectors are
+as wide as at its largest step, `segment_grid`'s SLOTS), rows of B^T that fit a page, so
+ONE_STEP wherever the rank fits BLOCK_K. Triton here may differ from the GPU
+machine's (its version is printed); compare two trees under the same one.
+
+    python3 bench/kernel_registers.py
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles
+from loraplex.kernels.triton.lora_segments import rank_block, segment_grid
+from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, ShrinkTiles
+from loraplex.kernels.triton.silu_and_mul_lora import SILU_LORA_TILES
+
+HOPPER = GPUTarget("cuda", 90, 32)
+REGISTERS_PER_SM = 65536
+NUM_SLOTS = 256  # batch slots: max_loras unset, so max_num_seqs
+RANK = 16
+PREFILL_TOKENS = 4096  # the last rows' size: W1's prefill step
+IN_DIM = 4096  # hidden size: the shrink's in_dim for q/k/v, o and gate/up
+# Pointer arguments of each kernel that are not int32 tables: name -> Triton type.
+FLOAT_PTRS = {
+    "x_ptr": "*bf16",
+    "pages_ptr": "*bf16",
+    "y_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "lora_out_ptr": "*fp32",
+    "scalings_ptr": "*fp32",
+}
+
+
+def kernel(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(f"loraplex.kernels.triton.{module}"), name)
+
+
+def compile_for_hopper(fn: Any, constexprs: dict[str, object], warps: int, stages: int) -> Any:
+    """Triton's compiled kernel for sm_90; every non-constexpr scalar is an i32."""
+    names = fn.arg_names
+    signature = {
+        n: "constexpr"
+        if n in constexprs
+        else FLOAT_PTRS.get(n, "*i32" if n.endswith("_ptr") else "i32")
+        for n in names
+    }
+    consts = {(names.index(n),): v for n, v in constexprs.items()}
+    source = ASTSource(fn=fn, signature=signature, constexprs=consts)
+    return triton.compile(source, target=HOPPER, options={"num_warps": warps, "num_stages": stages})
+
+
+def resource_usage(compiled: Any) -> tuple[int, int]:
+    """(registers per thread, stack bytes) from the cubin, by cuobjdump."""
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run(
+            [os.path.join(tools, "cuobjdump"), "-res-usage", f.name],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    assert found, f"no resource usage in cuobjdump's output: {usage}"
+    return int(found.group(1)), int(found.group(2))
+
+
+def report(what: str, compiled: Any, warps: int) -> None:
+    registers, stack = resource_usage(compiled)
+    per_sm = REGISTERS_PER_SM // (registers * 32 * warps)
+    shared = compiled.metadata.shared
+    print(f"  {what:<60} {registers:4d} regs  stack {stack:3d} B  shared {shared:6d} B  "
+          f"{per_sm} programs/SM")  # fmt: skip
+
+
+def slots(bound: int, block_m: int) -> int:
+    """SLOTS of a launch of `bound` tokens."""
+    return segment_grid(bound, NUM_SLOTS, block_m)[1]
+
+
+def shrink_row(bound: int, tiles: ShrinkTiles) -> None:
+    constexprs = dict(
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=rank_block(RANK, tiles.max_block_n),
+        BLOCK_K=tiles.block_k,
+        K_CHUNK=min(tiles.k_chunk, IN_DIM),
+        SLOTS=slots(bound, tiles.block_m),
+        SPLIT_ROWS=False,
+        USE_ATOMIC=True,
+        DOT_PRECISION="tf32",
+    )
+    fn = kernel("lora_shrink", "_lora_shrink_kernel")
+    compiled = compile_for_hopper(fn, constexprs, tiles.num_warps, tiles.num_stages)
+    report(f"shrink <= {bound} tokens {tiles.block_m}x{tiles.block_k}", compiled, tiles.num_warps)
+
+
+def expand_constexprs(bound: int, tiles: ExpandTiles) -> dict[str, object]:
+    return dict(
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=rank_block(RANK, tiles.max_block_k),
+        SLOTS=slots(bound, tiles.block_m),
+        SPLIT_ROWS=False,
+        COLUMN_RUNS=tiles.target_programs is not None,
+        TARGET_PROGRAMS=tiles.target_programs or 1,
+        ONE_STEP=True,
+        DOT_PRECISION="tf32",
+    )
+
+
+def expand_row(module: str, name: str, label: str, bound: int, tiles: ExpandTiles) -> None:
+    compiled = compile_for_hopper(
+        kernel(module, name), expand_constexprs(bound, tiles), tiles.num_warps, tiles.num_stages
+    )
+    runs = "" if tiles.target_programs is None else f" runs/{tiles.target_programs}"
+    what = f"{label} <= {bound} tokens {tiles.block_m}x{tiles.block_n}{runs}"
+    report(what, compiled, tiles.num_warps)
+
+
+def main() -> int:
+    print(f"Triton {triton.__version__}, sm_90, {NUM_SLOTS} slots, rank {RANK}, bf16 pages")
+    for bound, tiles in SHRINK_TILES.rows:
+        shrink_row(min(bound, PREFILL_TOKENS), tiles)
+    for bound, tiles in EXPAND_TILES.rows:
+        expand_row(
+            "lora_expand", "_lora_expand_kernel", "expand", min(bound, PREFILL_TOKENS), tiles
+        )
+    for bound, tiles in SILU_LORA_TILES.rows:
+        expand_row(
+            "silu_and_mul_lora",
+            "_silu_and_mul_lora_kernel",
+            "silu_lora",
+            min(bound, PREFILL_TOKENS),
+            tiles,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
