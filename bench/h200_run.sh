@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One lease, one script: the GPU tests first, then timing. On the device machine, from the repo
 # root: `bash bench/h200_run.sh [steps...]` (default: env gpu-tests kernels tput; also attention,
-# lora, tiles, many, serve, quant, w4a16, tp, prio, agreement, rounding); results go to $OUT (or
-# bench/results/tmp).
+# lora, tiles, ab, many, serve, quant, w4a16, tp, prio, agreement, rounding); results go to $OUT
+# (or bench/results/tmp).
 #
 # The device has torch, triton, transformers and peft, but not this package and no package
 # index: build the wheel here first (`make wheel`, into the git-ignored .whl/), carry .whl/ along,
@@ -163,12 +163,35 @@ c.find_smollm2_gguf = lambda: pathlib.Path(sys.argv[1]); c.write_smollm2_checkpo
                limit 240 python3 bench/layer_divergence.py --model /tmp/smol --device cuda \
                  --prompts ${DIVERGENCE_PROMPTS:-0,1,2,3,4,5,6,7} --json "$OUT/layer_divergence.json" 2>&1 \
                  | grep -v Loading | tee "$OUT/layer_divergence.txt"; };;
+    ab) # this tree's LoRA kernels against OLD_WHEEL's (a wheel of another commit, carried too),
+        # in one lease: the tables' rows on W1's prefill and decode steps and the fused activation,
+        # then W1 with 8 adapters (and no adapters, new wheel) and each run's GPU time per kernel
+        [ -f "${OLD_WHEEL:-}" ] || { echo "set OLD_WHEEL to the other commit's wheel" >&2; false; } && {
+        micro() {
+          for t in "4096 --run 512" "256 --run 1"; do
+            limit 100 python3 bench/lora_step_tiles.py --table-only --tokens $t 2>&1 \
+              | grep -E "^T|^  (shrink|expand)" | tee -a "$OUT/ab_micro_$1.txt"
+          done
+          limit 100 python3 bench/silu_lora_tiles.py --table-only 2>&1 | tee -a "$OUT/ab_micro_$1.txt"
+        }
+        w1() {  # name adapters
+          limit ${AB_W1_TIMEOUT:-200} python3 bench/offline_throughput.py --shape llama3-8b \
+            --device cuda --skip-hf --num-prompts 512 --min-prompt 512 --max-prompt 512 \
+            --output-len 128 --adapters "$2" --repeats "${REPEATS:-2}" --skip-breakdown \
+            --kernel-totals "$OUT/ab_kernels_$1.txt" --json "$OUT/ab_w1_$1.json" 2>&1 \
+            | grep -v Loading | tee "$OUT/ab_w1_$1.txt"
+        }
+        micro new
+        PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps --force-reinstall \
+          --ignore-requires-python "$OLD_WHEEL" && micro old && w1 old 8
+        PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps --force-reinstall \
+          --ignore-requires-python "${wheels[0]}" && w1 new 0,8; };;
     rounding) # each kernel's rounding against HF's math and cuBLAS's at the engine's GEMM shapes,
               # then SDPA's backend and the decode KV tile that rounds as it does
               limit 120 python3 bench/kernel_rounding.py --json "$OUT/kernel_rounding.json" 2>&1 \
                 | tee "$OUT/kernel_rounding.txt" &&
               limit 120 python3 bench/sdpa_tiles.py ${SDPA_ARGS:-} 2>&1 | tee "$OUT/sdpa_tiles.txt";;
-    *) echo "unknown step $step (env gpu-tests attention kernels tput lora many serve quant w4a16 tp prio agreement rounding)" >&2; false;;
+    *) echo "unknown step $step (env gpu-tests attention kernels tput lora tiles ab many serve quant w4a16 tp prio agreement rounding)" >&2; false;;
   esac
   rc=$?
   echo "=== $step: exit $rc"
