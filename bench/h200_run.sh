@@ -183,7 +183,7 @@ c.find_smollm2_gguf = lambda: pathlib.Path(sys.argv[1]); c.write_smollm2_checkpo
         }
         micro new
         PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps --force-reinstall \
-          --ignore-requires-python "$OLD_WHEEL" && micro old && w1 old 8
+          --ignore-requires-python "$OLD_WHEEL" && { micro old; w1 old 8; }
         PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps --force-reinstall \
           --ignore-requires-python "${wheels[0]}" && w1 new 0,8; };;
     rounding) # each kernel's rounding against HF's math and cuBLAS's at the engine's GEMM shapes,
