@@ -170,7 +170,7 @@ c.find_smollm2_gguf = lambda: pathlib.Path(sys.argv[1]); c.write_smollm2_checkpo
         micro() {
           for t in "4096 --run 512" "256 --run 1"; do
             limit 100 python3 bench/lora_step_tiles.py --table-only --tokens $t 2>&1 \
-              | grep -E "^T|^  (shrink|expand)" | tee -a "$OUT/ab_micro_$1.txt"
+              | tee -a "$OUT/ab_micro_$1.txt"
           done
           limit 100 python3 bench/silu_lora_tiles.py --table-only 2>&1 | tee -a "$OUT/ab_micro_$1.txt"
         }

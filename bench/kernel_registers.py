@@ -19,7 +19,6 @@ machine's (its version is printed); compare two trees under the same one.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import subprocess
@@ -31,10 +30,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles
+from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles, _lora_expand_kernel
 from loraplex.kernels.triton.lora_segments import rank_block, segment_grid
-from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, ShrinkTiles
-from loraplex.kernels.triton.silu_and_mul_lora import SILU_LORA_TILES
+from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, ShrinkTiles, _lora_shrink_kernel
+from loraplex.kernels.triton.silu_and_mul_lora import (
+    SILU_LORA_TILES,
+    _silu_and_mul_lora_kernel,
+)
 
 HOPPER = GPUTarget("cuda", 90, 32)
 REGISTERS_PER_SM = 65536
@@ -42,28 +44,28 @@ NUM_SLOTS = 256  # batch slots: max_loras unset, so max_num_seqs
 RANK = 16
 PREFILL_TOKENS = 4096  # the last rows' size: W1's prefill step
 IN_DIM = 4096  # hidden size: the shrink's in_dim for q/k/v, o and gate/up
-# Pointer arguments of each kernel that are not int32 tables: name -> Triton type.
-FLOAT_PTRS = {
+# Each kernel's pointer arguments that are not int32 tables: name -> Triton type.
+SHRINK_PTRS = {"x_ptr": "*bf16", "pages_ptr": "*bf16", "out_ptr": "*fp32"}
+EXPAND_PTRS = {"pages_ptr": "*bf16", "y_ptr": "*bf16", "lora_out_ptr": "*fp32"}
+SILU_LORA_PTRS = {
     "x_ptr": "*bf16",
     "pages_ptr": "*bf16",
-    "y_ptr": "*bf16",
     "out_ptr": "*bf16",
     "lora_out_ptr": "*fp32",
-    "scalings_ptr": "*fp32",
 }
+SCALINGS_PTR = {"scalings_ptr": "*fp32"}
 
 
-def kernel(module: str, name: str) -> Any:
-    return getattr(importlib.import_module(f"loraplex.kernels.triton.{module}"), name)
-
-
-def compile_for_hopper(fn: Any, constexprs: dict[str, object], warps: int, stages: int) -> Any:
-    """Triton's compiled kernel for sm_90; every non-constexpr scalar is an i32."""
+def compile_for_hopper(
+    fn: Any, float_ptrs: dict[str, str], constexprs: dict[str, object], warps: int, stages: int
+) -> Any:
+    """Triton's compiled kernel for sm_90; every other pointer is an int32 table, every other
+    scalar an i32."""
     names = fn.arg_names
     signature = {
         n: "constexpr"
         if n in constexprs
-        else FLOAT_PTRS.get(n, "*i32" if n.endswith("_ptr") else "i32")
+        else float_ptrs.get(n, "*i32" if n.endswith("_ptr") else "i32")
         for n in names
     }
     consts = {(names.index(n),): v for n, v in constexprs.items()}
@@ -88,7 +90,8 @@ def resource_usage(compiled: Any) -> tuple[int, int]:
 
 def report(what: str, compiled: Any, warps: int) -> None:
     registers, stack = resource_usage(compiled)
-    per_sm = REGISTERS_PER_SM // (registers * 32 * warps)
+    allocated = -(-registers // 8) * 8  # registers are allocated 8 a thread at a time
+    per_sm = REGISTERS_PER_SM // (allocated * 32 * warps)
     shared = compiled.metadata.shared
     print(f"  {what:<60} {registers:4d} regs  stack {stack:3d} B  shared {shared:6d} B  "
           f"{per_sm} programs/SM")  # fmt: skip
@@ -110,8 +113,9 @@ def shrink_row(bound: int, tiles: ShrinkTiles) -> None:
         USE_ATOMIC=True,
         DOT_PRECISION="tf32",
     )
-    fn = kernel("lora_shrink", "_lora_shrink_kernel")
-    compiled = compile_for_hopper(fn, constexprs, tiles.num_warps, tiles.num_stages)
+    compiled = compile_for_hopper(
+        _lora_shrink_kernel, SHRINK_PTRS, constexprs, tiles.num_warps, tiles.num_stages
+    )
     report(f"shrink <= {bound} tokens {tiles.block_m}x{tiles.block_k}", compiled, tiles.num_warps)
 
 
@@ -129,10 +133,12 @@ def expand_constexprs(bound: int, tiles: ExpandTiles) -> dict[str, object]:
     )
 
 
-def expand_row(module: str, name: str, label: str, bound: int, tiles: ExpandTiles) -> None:
-    compiled = compile_for_hopper(
-        kernel(module, name), expand_constexprs(bound, tiles), tiles.num_warps, tiles.num_stages
-    )
+def expand_row(
+    fn: Any, float_ptrs: dict[str, str], label: str, bound: int, tiles: ExpandTiles
+) -> None:
+    constexprs = expand_constexprs(bound, tiles)
+    ptrs = float_ptrs | SCALINGS_PTR
+    compiled = compile_for_hopper(fn, ptrs, constexprs, tiles.num_warps, tiles.num_stages)
     runs = "" if tiles.target_programs is None else f" runs/{tiles.target_programs}"
     what = f"{label} <= {bound} tokens {tiles.block_m}x{tiles.block_n}{runs}"
     report(what, compiled, tiles.num_warps)
@@ -143,13 +149,11 @@ def main() -> int:
     for bound, tiles in SHRINK_TILES.rows:
         shrink_row(min(bound, PREFILL_TOKENS), tiles)
     for bound, tiles in EXPAND_TILES.rows:
-        expand_row(
-            "lora_expand", "_lora_expand_kernel", "expand", min(bound, PREFILL_TOKENS), tiles
-        )
+        expand_row(_lora_expand_kernel, EXPAND_PTRS, "expand", min(bound, PREFILL_TOKENS), tiles)
     for bound, tiles in SILU_LORA_TILES.rows:
         expand_row(
-            "silu_and_mul_lora",
-            "_silu_and_mul_lora_kernel",
+            _silu_and_mul_lora_kernel,
+            SILU_LORA_PTRS,
             "silu_lora",
             min(bound, PREFILL_TOKENS),
             tiles,
