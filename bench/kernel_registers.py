@@ -9,16 +9,18 @@ Each row: the kernel, the table row's tiles, registers per thread, stack bytes (
 there), shared memory, and programs per SM as registers allow (ignoring shared memory).
 
 The kernels are compiled as the engine launches them for Llama-3-8B with bf16 pages and
-rank-16 adapters: 256 batch slots (max_loras unset, max_num_seqs 256; a row's slot vectors are
-as wide as at its largest step, `segment_grid`'s SLOTS), rows of B^T that fit a page, so
+rank-16 adapters: a step of 8 adapters, whose mapping tables hold 8 slots (`slot_table_size`;
+`--slots 256` for the tables of a step of 129-256 adapters, max_num_seqs 256; a row's slot vectors
+are as wide as at its largest step, `segment_grid`'s SLOTS), rows of B^T that fit a page, so
 ONE_STEP wherever the rank fits BLOCK_K. Triton here may differ from the GPU
 machine's (its version is printed); compare two trees under the same one.
 
-    python3 bench/kernel_registers.py
+    python3 bench/kernel_registers.py [--slots 256]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -30,6 +32,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from loraplex.engine.lora.step_mapping import slot_table_size
 from loraplex.kernels.triton.lora_expand import EXPAND_TILES, ExpandTiles, _lora_expand_kernel
 from loraplex.kernels.triton.lora_segments import rank_block, segment_grid
 from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, ShrinkTiles, _lora_shrink_kernel
@@ -40,7 +43,7 @@ from loraplex.kernels.triton.silu_and_mul_lora import (
 
 HOPPER = GPUTarget("cuda", 90, 32)
 REGISTERS_PER_SM = 65536
-NUM_SLOTS = 256  # batch slots: max_loras unset, so max_num_seqs
+NUM_SLOTS = slot_table_size(8, 256)  # 8 adapters; max_loras unset, so max_num_seqs 256
 RANK = 16
 PREFILL_TOKENS = 4096  # the last rows' size: W1's prefill step
 IN_DIM = 4096  # hidden size: the shrink's in_dim for q/k/v, o and gate/up
@@ -97,18 +100,18 @@ def report(what: str, compiled: Any, warps: int) -> None:
           f"{per_sm} programs/SM")  # fmt: skip
 
 
-def slots(bound: int, block_m: int) -> int:
+def slots(bound: int, block_m: int, num_slots: int) -> int:
     """SLOTS of a launch of `bound` tokens."""
-    return segment_grid(bound, NUM_SLOTS, block_m)[1]
+    return segment_grid(bound, num_slots, block_m)[1]
 
 
-def shrink_row(bound: int, tiles: ShrinkTiles) -> None:
+def shrink_row(bound: int, tiles: ShrinkTiles, num_slots: int) -> None:
     constexprs = dict(
         BLOCK_M=tiles.block_m,
         BLOCK_N=rank_block(RANK, tiles.max_block_n),
         BLOCK_K=tiles.block_k,
         K_CHUNK=min(tiles.k_chunk, IN_DIM),
-        SLOTS=slots(bound, tiles.block_m),
+        SLOTS=slots(bound, tiles.block_m, num_slots),
         SPLIT_ROWS=False,
         USE_ATOMIC=True,
         DOT_PRECISION="tf32",
@@ -119,12 +122,12 @@ def shrink_row(bound: int, tiles: ShrinkTiles) -> None:
     report(f"shrink <= {bound} tokens {tiles.block_m}x{tiles.block_k}", compiled, tiles.num_warps)
 
 
-def expand_constexprs(bound: int, tiles: ExpandTiles) -> dict[str, object]:
+def expand_constexprs(bound: int, tiles: ExpandTiles, num_slots: int) -> dict[str, object]:
     return dict(
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=rank_block(RANK, tiles.max_block_k),
-        SLOTS=slots(bound, tiles.block_m),
+        SLOTS=slots(bound, tiles.block_m, num_slots),
         SPLIT_ROWS=False,
         COLUMN_RUNS=tiles.target_programs is not None,
         TARGET_PROGRAMS=tiles.target_programs or 1,
@@ -134,9 +137,9 @@ def expand_constexprs(bound: int, tiles: ExpandTiles) -> dict[str, object]:
 
 
 def expand_row(
-    fn: Any, float_ptrs: dict[str, str], label: str, bound: int, tiles: ExpandTiles
+    fn: Any, float_ptrs: dict[str, str], label: str, bound: int, tiles: ExpandTiles, num_slots: int
 ) -> None:
-    constexprs = expand_constexprs(bound, tiles)
+    constexprs = expand_constexprs(bound, tiles, num_slots)
     ptrs = float_ptrs | SCALINGS_PTR
     compiled = compile_for_hopper(fn, ptrs, constexprs, tiles.num_warps, tiles.num_stages)
     runs = "" if tiles.target_programs is None else f" runs/{tiles.target_programs}"
@@ -145,19 +148,18 @@ def expand_row(
 
 
 def main() -> int:
-    print(f"Triton {triton.__version__}, sm_90, {NUM_SLOTS} slots, rank {RANK}, bf16 pages")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--slots", type=int, default=NUM_SLOTS, help="slots in the mapping tables")
+    num_slots = ap.parse_args().slots
+    print(f"Triton {triton.__version__}, sm_90, {num_slots} slots, rank {RANK}, bf16 pages")
     for bound, tiles in SHRINK_TILES.rows:
-        shrink_row(min(bound, PREFILL_TOKENS), tiles)
+        shrink_row(min(bound, PREFILL_TOKENS), tiles, num_slots)
     for bound, tiles in EXPAND_TILES.rows:
-        expand_row(_lora_expand_kernel, EXPAND_PTRS, "expand", min(bound, PREFILL_TOKENS), tiles)
+        bound = min(bound, PREFILL_TOKENS)
+        expand_row(_lora_expand_kernel, EXPAND_PTRS, "expand", bound, tiles, num_slots)
     for bound, tiles in SILU_LORA_TILES.rows:
-        expand_row(
-            _silu_and_mul_lora_kernel,
-            SILU_LORA_PTRS,
-            "silu_lora",
-            min(bound, PREFILL_TOKENS),
-            tiles,
-        )
+        bound = min(bound, PREFILL_TOKENS)
+        expand_row(_silu_and_mul_lora_kernel, SILU_LORA_PTRS, "silu_lora", bound, tiles, num_slots)
     return 0
 
 

@@ -25,13 +25,13 @@ import torch
 from kernel_timing import graph_us
 from lora_step import (
     NUM_LAYERS,
-    NUM_SLOTS,
     SHAPES,
     AdapterMix,
     batch_slot_adapters,
     create_adapter_pool,
     group_sizes,
     group_slices,
+    num_slots,
 )
 
 from loraplex.engine.lora.adapter_pool import AdapterPool
@@ -76,7 +76,10 @@ def paged_tables(pool: AdapterPool, first: torch.Tensor, rows: slice, layer: int
 
 def time_case(pool: AdapterPool, count: int, num_tokens: int, device: torch.device) -> dict:
     token_slots = torch.arange(num_tokens, device=device) % count
-    mapping = (*batch_slot_adapters(pool, count), *build_lora_mapping(token_slots, NUM_SLOTS))
+    mapping = (
+        *batch_slot_adapters(pool, count),
+        *build_lora_mapping(token_slots, num_slots(count)),
+    )
     shrinks, expands = shrink_candidates(num_tokens), expand_candidates(num_tokens)
     calls: dict[str, list[Callable[[], None]]] = {}
     bad: set[str] = set()

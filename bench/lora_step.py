@@ -28,11 +28,19 @@ from loraplex.engine.lora.page_layout import SLICES, plan_layout, stage_adapter
 from loraplex.kernels.lora_mapping import build_lora_mapping
 from loraplex.kernels.reference import lora as reference
 
+try:
+    from loraplex.engine.lora.step_mapping import slot_table_size
+except ImportError:  # an engine whose tables always held max_batch_loras slots (h200_run.sh ab)
+
+    def slot_table_size(num_adapters: int, max_batch_loras: int) -> int:
+        return max_batch_loras
+
+
 NUM_LAYERS = 32
 NUM_ADAPTERS = 8
-# Batch slots, as the engine sizes its mapping (max_num_seqs 256, no per-step cap): the 8
-# adapters fill the first slots, the rest are empty.
-NUM_SLOTS = 256
+# Batch slots, as the engine sizes a step's mapping tables (max_num_seqs 256, no per-step cap):
+# the step's adapters fill the first slots, the rest are empty.
+MAX_BATCH_LORAS = 256
 ADAPTER_RANK = 16
 BLOCK_SIZE = 16
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
@@ -148,11 +156,16 @@ def create_adapter_pool(
     return pool
 
 
+def num_slots(num_adapters: int) -> int:
+    """Slots in the mapping tables of a step of `num_adapters` adapters, as the engine has them."""
+    return slot_table_size(num_adapters, MAX_BATCH_LORAS)
+
+
 def batch_slot_adapters(pool: AdapterPool, num_adapters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """([NUM_SLOTS] int32: batch slot s -> the resident id of adapter num_adapters - 1 - s, the
+    """([num_slots] int32: batch slot s -> the resident id of adapter num_adapters - 1 - s, the
     rest 0; num_active_slots [1] = num_adapters)."""
     ids = [pool.resident_id(adapter_hash(num_adapters - 1 - s)) for s in range(num_adapters)]
-    ids += [0] * (NUM_SLOTS - num_adapters)
+    ids += [0] * (num_slots(num_adapters) - num_adapters)
     device = pool.device
     active = torch.tensor([num_adapters], dtype=torch.int32, device=device)
     return torch.tensor(ids, dtype=torch.int32, device=device), active
@@ -191,7 +204,9 @@ class LoRAStep:
         self.groups = mix.groups
         num_active = min(mix.num_adapters, num_tokens)
         token_slots = torch.arange(num_tokens, device=device) % num_active
-        self.sorted_token_ids, self.slot_start_loc = build_lora_mapping(token_slots, NUM_SLOTS)
+        self.sorted_token_ids, self.slot_start_loc = build_lora_mapping(
+            token_slots, num_slots(num_active)
+        )
         self.slot_adapters, self.num_active_slots = batch_slot_adapters(pool, num_active)
         mapping = (
             self.sorted_token_ids, self.slot_start_loc, self.slot_adapters, self.num_active_slots

@@ -34,13 +34,13 @@ from lora_step import (
     ADAPTER_RANK,
     GROUPS,
     NUM_ADAPTERS,
-    NUM_SLOTS,
     SHAPES,
     Projection,
     batch_slot_adapters,
     create_adapter_pool,
     group_sizes,
     group_slices,
+    num_slots,
 )
 
 from loraplex.kernels.lora_mapping import build_lora_mapping
@@ -118,7 +118,7 @@ def main() -> int:
     slot_adapters, num_active_slots = batch_slot_adapters(pool, NUM_ADAPTERS)
     num_tokens = args.tokens
     token_slots = (torch.arange(num_tokens, device=device) // args.run) % NUM_ADAPTERS
-    ids, loc = build_lora_mapping(token_slots.to(torch.int32), NUM_SLOTS)
+    ids, loc = build_lora_mapping(token_slots.to(torch.int32), num_slots(NUM_ADAPTERS))
     mapping = (slot_adapters, num_active_slots, ids, loc)
 
     def shrink(names: Projection, x: torch.Tensor, out: torch.Tensor, tiles, fresh: bool):

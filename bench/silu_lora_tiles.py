@@ -30,12 +30,12 @@ from kernel_timing import graph_us
 from lora_step import (
     ADAPTER_RANK,
     NUM_ADAPTERS,
-    NUM_SLOTS,
     SHAPES,
     batch_slot_adapters,
     create_adapter_pool,
     group_sizes,
     group_slices,
+    num_slots,
 )
 
 from loraplex.kernels.lora_mapping import build_lora_mapping
@@ -61,7 +61,7 @@ FUSED_CANDIDATES = (
 def mapping_for(num_tokens: int, pool_device: torch.device) -> tuple[torch.Tensor, ...]:
     run = 1 if num_tokens <= 64 else min(512, num_tokens // NUM_ADAPTERS)
     token_slots = (torch.arange(num_tokens, device=pool_device) // run) % NUM_ADAPTERS
-    return build_lora_mapping(token_slots, NUM_SLOTS)
+    return build_lora_mapping(token_slots, num_slots(NUM_ADAPTERS))
 
 
 def expand_then_silu(expand: Callable[..., None], tiles: ExpandTiles, y: torch.Tensor) -> None:

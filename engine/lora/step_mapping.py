@@ -8,6 +8,11 @@ request's slot (-1 without an adapter), and `build_lora_mapping` groups the toke
 
 A handful of tiny CPU ops and one host-to-device copy of the packed tensors, instead of as
 many GPU launches (and a sort) ahead of every step.
+
+The slot tables hold `slot_table_size` slots: the step's adapters rounded up to a power of two,
+not `max_batch_loras`. The kernels size their grids and their per-program slot search by the
+tables (`kernels/triton/lora_segments.py`), so a step of 8 adapters launches 8 slot rows and
+searches 8 lanes rather than 256; powers of two keep the compiled variants few.
 """
 
 from __future__ import annotations
@@ -20,14 +25,23 @@ import torch
 from loraplex.engine.device_copy import tensor_to_device
 from loraplex.kernels import build_lora_mapping
 
+MIN_SLOT_TABLE = 8  # the smallest table: steps of 1-8 adapters share one kernel variant
+
+
+def slot_table_size(num_adapters: int, max_batch_loras: int) -> int:
+    """Slots in the mapping tables of a step with `num_adapters` adapters: a power of two from
+    MIN_SLOT_TABLE, never more than max_batch_loras (nor fewer than the step's adapters)."""
+    assert 0 < num_adapters <= max_batch_loras
+    return min(max_batch_loras, max(MIN_SLOT_TABLE, 1 << (num_adapters - 1).bit_length()))
+
 
 @dataclass(frozen=True)
 class StepMapping:
     """The kernels' mapping tensors, on the step's device (LoRABatch's fields, in order)."""
 
     sorted_token_ids: torch.Tensor  # [num_tokens] int32
-    slot_start_loc: torch.Tensor  # [max_batch_loras + 1] int32
-    slot_adapters: torch.Tensor  # [max_batch_loras] int32: batch slot -> resident id
+    slot_start_loc: torch.Tensor  # [num_slots + 1] int32 (num_slots: slot_table_size)
+    slot_adapters: torch.Tensor  # [num_slots] int32: batch slot -> resident id
     num_active_slots: torch.Tensor  # [1] int32
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -52,13 +66,14 @@ def map_step(
         for h, num_tokens in zip(adapters_per_request, tokens_per_request, strict=True)
         for _ in range(num_tokens)
     ]
-    slot_adapters = torch.zeros(max_batch_loras + 1, dtype=torch.int32)
+    num_slots = slot_table_size(len(adapters), max_batch_loras)
+    slot_adapters = torch.zeros(num_slots + 1, dtype=torch.int32)
     slot_adapters[: len(adapters)] = torch.tensor(
         [resident_id(h) for h in adapters], dtype=torch.int32
     )
     slot_adapters[-1] = len(adapters)  # num_active_slots, riding on the same copy
     sorted_token_ids, slot_start_loc = build_lora_mapping(
-        torch.tensor(token_slots, dtype=torch.int32), max_batch_loras
+        torch.tensor(token_slots, dtype=torch.int32), num_slots
     )
     packed = torch.cat([slot_start_loc, slot_adapters, sorted_token_ids])
     sizes = [slot_start_loc.shape[0], slot_adapters.shape[0], sorted_token_ids.shape[0]]

@@ -5,19 +5,24 @@ every time; replaying them as one graph removes the per-launch CPU cost that oth
 dominates. Inputs live in static buffers; a step of `n` sequences is copied into them and
 padded to the next captured size with rows that write nowhere (slot -1) and read one token.
 
-Two graphs per size: without LoRA, and with LoRA for every module (slots that do not target
-a module have rank 0 there, and the kernels skip them).
+Graphs per size: one without LoRA, and with LoRA for every module (slots that do not target
+a module have rank 0 there, and the kernels skip them) one per slot table a step of that size
+can have (`slot_table_size`: 8, 16, ... up to max_batch_loras). The LoRA kernels' grids and
+slot searches scale with the table, so a decode step of 8 adapters replays a graph that launches
+8 slot rows, not one per sequence.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import time
 
 import torch
 
 from loraplex.engine.lora.lora_batch import LoRABatch
 from loraplex.engine.lora.lora_manager import LoRAManager
+from loraplex.engine.lora.step_mapping import slot_table_size
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
 from loraplex.engine.model.llama import LlamaForCausalLM
 from loraplex.engine.runner.input_batch import ModelInputs
@@ -25,6 +30,12 @@ from loraplex.engine.runner.input_batch import ModelInputs
 logger = logging.getLogger(__name__)
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def graph_slot_tables(size: int, max_batch_loras: int) -> list[int]:
+    """The slot tables of the steps of up to `size` sequences (an adapter each at most)."""
+    counts = [min(2**k, size, max_batch_loras) for k in range(max_batch_loras.bit_length() + 1)]
+    return sorted({slot_table_size(n, max_batch_loras) for n in counts})
 
 
 class CUDAGraphRunner:
@@ -55,13 +66,15 @@ class CUDAGraphRunner:
         self.slot_start_loc = torch.zeros(max_batch_loras + 1, dtype=torch.int32, device=device)
         self.slot_adapters = torch.zeros(max_batch_loras, dtype=torch.int32, device=device)
         self.num_active_slots = torch.zeros(1, dtype=torch.int32, device=device)
-        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.max_batch_loras = max_batch_loras
+        # (size, the LoRA mapping's slot table or None without LoRA) -> (graph, its output)
+        self._graphs: dict[tuple[int, int | None], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     @property
     def max_batch_size(self) -> int:
         return self.sizes[-1]
 
-    def _context(self, size: int, with_lora: bool) -> ForwardContext:
+    def _context(self, size: int, slot_table: int | None) -> ForwardContext:
         attn = AttentionMetadata(
             slot_mapping=self.slot_mapping[:size],
             block_tables=self.block_tables[:size],
@@ -71,34 +84,42 @@ class CUDAGraphRunner:
             max_seq_len=self.block_tables.shape[1],
         )
         lora = None
-        if with_lora:
+        if slot_table is not None:
             assert self.lora_manager is not None
             lora = self.lora_manager.create_graph_batch(
                 self.sorted_token_ids[:size],
-                self.slot_start_loc,
-                self.slot_adapters,
+                self.slot_start_loc[: slot_table + 1],
+                self.slot_adapters[:slot_table],
                 self.num_active_slots,
             )
         return ForwardContext(attn, self.kv_caches, lora)
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every size, largest first so smaller graphs reuse its memory pool."""
+        """Capture every size (and slot table), largest first so smaller graphs reuse its
+        memory pool."""
+        start = time.perf_counter()
         pool = None
-        for with_lora in [False, True] if self.lora_manager is not None else [False]:
-            for size in reversed(self.sizes):
-                ctx = self._context(size, with_lora)
-                args = (self.input_ids[:size], self.positions[:size], ctx)
-                for _ in range(2):  # warm-up: Triton compiles, allocator settles
-                    self.model(*args)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self.model(*args)
-                pool = graph.pool()
-                self._graphs[(size, with_lora)] = (graph, out)
+        keys: list[tuple[int, int | None]] = [(size, None) for size in reversed(self.sizes)]
+        if self.lora_manager is not None:
+            tables = {n: graph_slot_tables(n, self.max_batch_loras) for n in self.sizes}
+            keys += [(n, t) for n in reversed(self.sizes) for t in reversed(tables[n])]
+        for size, slot_table in keys:
+            ctx = self._context(size, slot_table)
+            args = (self.input_ids[:size], self.positions[:size], ctx)
+            for _ in range(2):  # warm-up: Triton compiles, allocator settles
+                self.model(*args)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self.model(*args)
+            pool = graph.pool()
+            self._graphs[(size, slot_table)] = (graph, out)
         logger.info(
-            "captured %d CUDA graphs for decode batch sizes %s", len(self._graphs), self.sizes
+            "captured %d CUDA graphs for decode batch sizes %s in %.1f s",
+            len(self._graphs),
+            self.sizes,
+            time.perf_counter() - start,
         )
 
     def can_run(self, inputs: ModelInputs) -> bool:
@@ -127,8 +148,9 @@ class CUDAGraphRunner:
         n = sorted_token_ids.shape[0]
         self.sorted_token_ids[:n].copy_(sorted_token_ids)
         self.sorted_token_ids[n:size].copy_(self._token_ids[n:size])
-        self.slot_start_loc.copy_(slot_start_loc)
-        self.slot_adapters.copy_(slot_adapters)
+        # The step's slot table: the first slots of the buffers (its graph's view of them).
+        self.slot_start_loc[: slot_start_loc.shape[0]].copy_(slot_start_loc)
+        self.slot_adapters[: slot_adapters.shape[0]].copy_(slot_adapters)
         self.num_active_slots.copy_(num_active_slots)
 
     def run(self, inputs: ModelInputs, lora: LoRABatch | None) -> torch.Tensor:
@@ -143,9 +165,11 @@ class CUDAGraphRunner:
         self.seq_lens[n:size].fill_(1)
         width = inputs.attn.block_tables.shape[1]
         self.block_tables[:n, :width].copy_(inputs.attn.block_tables)
+        slot_table = None
         if lora is not None:
             self.copy_lora_mapping(lora.sorted_token_ids, lora.slot_start_loc,
                                    lora.slot_adapters, lora.num_active_slots, size)  # fmt: skip
-        graph, out = self._graphs[(size, lora is not None)]
+            slot_table = lora.slot_adapters.shape[0]
+        graph, out = self._graphs[(size, slot_table)]
         graph.replay()
         return out[:n]

@@ -179,3 +179,37 @@ def test_a_step_is_prepared_and_launched_while_the_gpu_runs(
         del llm
         torch.cuda.empty_cache()
     assert len(outputs[True]) == 4 and outputs[True] == outputs[False]
+
+
+def test_decode_steps_across_slot_tables_keep_every_adapter(
+    checkpoint_factory: CheckpointFactory, tmp_path: Path
+) -> None:
+    """12 requests, each with its own adapter, that stop one step apart: decode steps of 12,
+    11, ... adapters replay the graphs of the 16-slot table, then of the 8-slot one (a step's
+    mapping tables hold its adapters rounded up to a power of two, engine/lora/step_mapping.py),
+    and each output is HF's greedy prefix."""
+    base = checkpoint_factory("llama")
+    modules = (["q_proj", "v_proj"], ["o_proj", "down_proj"], ["gate_proj", "up_proj", "k_proj"])
+    names = [f"a{i}" for i in range(12)]
+    adapter_dirs = {
+        name: write_peft_adapter(base, tmp_path / name, 4 + i, modules[i % 3], seed=i)
+        for i, name in enumerate(names)
+    }
+    rng = random.Random(1)
+    prompts = [[rng.randrange(5, 500) for _ in range(rng.randrange(3, 30))] for _ in names]
+    lengths = [4 + i for i in range(len(names))]
+    expected = hf_greedy_on(
+        "cuda", base, prompts, max(lengths), adapters=list(names), adapter_dirs=adapter_dirs
+    )
+    llm = LLM(str(base), device="cuda", dtype="float32", max_num_seqs=16)
+    loras = [LoRARequest(n, i + 1, str(adapter_dirs[n])) for i, n in enumerate(names)]
+    params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0) for n in lengths]
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, lora_request=loras, use_tqdm=False
+    )
+    for name, n, out, e in zip(names, lengths, outs, expected, strict=True):
+        assert out.outputs[0].token_ids == e[:n], f"adapter {name}"
+    graphs = llm.engine.runner.cuda_graphs
+    assert graphs is not None and (16, 16) in graphs._graphs and (16, 8) in graphs._graphs
+    del llm
+    torch.cuda.empty_cache()
