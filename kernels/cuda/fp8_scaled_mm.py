@@ -39,7 +39,7 @@ def fp8_scaled_mm(
         out_dtype=torch.bfloat16,
         # The whole K reduction stays in the FP8 tensor cores' accumulator (of reduced
         # precision on Hopper) instead of being promoted to fp32 registers every few K tiles:
-        # W1 at FP8 +3.9% on an H100 (bench/results/h100-*-slot-tables), and what vLLM's
+        # W1 at FP8 +3.9% on an H100 (bench/results/h100-57e810e-slot-tables), and what vLLM's
         # CUTLASS FP8 GEMMs and torchao's inference path do. tests/kernels/test_fp8_reference.py
         # and tests/engine/test_quantized_cuda.py hold it to the reference path's tolerances.
         use_fast_accum=True,

@@ -13,10 +13,13 @@ slice's ranks of the slots' adapters, loaded as vectors:
 
 The number of tiles launched depends on shapes only, never on the mapping's values (CUDA-graph
 friendly): num_tokens // BLOCK_M + min(num_slots, num_tokens) bounds the tiles of any mapping,
-since each segment adds at most one partial tile. Slots from `num_active_slots` on are empty, so
-the step's real bound is (its adapted tokens) // BLOCK_M + num_active_slots: programs past it
-(most of a decode step's, whose grid is sized for a slot per token) leave after two scalar loads
-(`past_last_tile`), before the vector work of `segment_tile`.
+since each segment adds at most one partial tile. num_slots is the length of the step's slot
+tables, which the engine sizes to the step's adapters (`engine/lora/step_mapping.py`: 8 slots
+for up to 8 adapters), so the grid and the SLOTS-wide slot search follow the step rather than
+max_batch_loras. Slots from `num_active_slots` on are empty, so the step's real bound is (its
+adapted tokens) // BLOCK_M + num_active_slots: programs past it leave after two scalar loads
+(`past_last_tile`), before the vector work of `segment_tile`; no slot past the active ones is
+ever read.
 """
 
 from __future__ import annotations
