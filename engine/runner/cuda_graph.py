@@ -34,8 +34,8 @@ CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 32
 
 def graph_slot_tables(size: int, max_batch_loras: int) -> list[int]:
     """The slot tables of the steps of up to `size` sequences (an adapter each at most)."""
-    counts = [min(2**k, size, max_batch_loras) for k in range(max_batch_loras.bit_length() + 1)]
-    return sorted({slot_table_size(n, max_batch_loras) for n in counts})
+    max_adapters = min(size, max_batch_loras)
+    return sorted({slot_table_size(n, max_batch_loras) for n in range(1, max_adapters + 1)})
 
 
 class CUDAGraphRunner:

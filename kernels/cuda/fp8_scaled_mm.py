@@ -37,11 +37,9 @@ def fp8_scaled_mm(
         scale_a=x_scale,
         scale_b=w_scale.view(1, n),
         out_dtype=torch.bfloat16,
-        # The whole K reduction stays in the FP8 tensor cores' accumulator (of reduced
-        # precision on Hopper) instead of being promoted to fp32 registers every few K tiles:
-        # W1 at FP8 +3.9% on an H100 (bench/results/h100-57e810e-slot-tables), and what vLLM's
-        # CUTLASS FP8 GEMMs and torchao's inference path do. tests/kernels/test_fp8_reference.py
-        # and tests/engine/test_quantized_cuda.py hold it to the reference path's tolerances.
+        # The K reduction stays in the FP8 tensor cores' accumulator instead of being promoted
+        # to fp32 registers every few K tiles (as vLLM's CUTLASS FP8 GEMMs do); the GPU tests
+        # hold it to the reference path's tolerances.
         use_fast_accum=True,
     )
     return y if out_dtype == torch.bfloat16 else y.to(out_dtype)

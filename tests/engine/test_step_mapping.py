@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from loraplex.engine.lora.step_mapping import map_step, slot_table_size
-from loraplex.engine.runner.cuda_graph import CAPTURE_SIZES, graph_slot_tables
+from loraplex.engine.runner.cuda_graph import graph_slot_tables
 
 
 @pytest.mark.parametrize(
@@ -44,13 +44,14 @@ def test_map_step_without_adapters_maps_nothing() -> None:
     assert map_step([None, None], [3, 1], lambda h: 0, 8, torch.device("cpu")) == ([], None)
 
 
-@pytest.mark.parametrize("max_batch_loras", [1, 4, 16, 100, 256, 512])
-def test_every_decode_step_has_a_graph_of_its_slot_table(max_batch_loras: int) -> None:
-    """A step of n <= size sequences has at most n adapters; whatever their number, the graph
-    of its padded size was captured with its slot table, and with no table it cannot have."""
-    for size in CAPTURE_SIZES:
-        tables = graph_slot_tables(size, max_batch_loras)
-        needed = {
-            slot_table_size(a, max_batch_loras) for a in range(1, min(size, max_batch_loras) + 1)
-        }
-        assert set(tables) == needed, (size, tables)
+@pytest.mark.parametrize(
+    ("size", "max_batch_loras", "expected"),
+    [(1, 256, [8]), (8, 256, [8]), (16, 256, [8, 16]), (24, 256, [8, 16, 32]),
+     (256, 256, [8, 16, 32, 64, 128, 256]), (96, 100, [8, 16, 32, 64, 100]), (4, 2, [2]),
+     (16, 1, [1])],
+)  # fmt: skip
+def test_decode_graphs_of_a_size_cover_every_slot_table_its_steps_can_have(
+    size: int, max_batch_loras: int, expected: list[int]
+) -> None:
+    """A step of n <= size sequences has at most n adapters, so its table is one of these."""
+    assert graph_slot_tables(size, max_batch_loras) == expected
