@@ -164,9 +164,11 @@ c.find_smollm2_gguf = lambda: pathlib.Path(sys.argv[1]); c.write_smollm2_checkpo
                  --prompts ${DIVERGENCE_PROMPTS:-0,1,2,3,4,5,6,7} --json "$OUT/layer_divergence.json" 2>&1 \
                  | grep -v Loading | tee "$OUT/layer_divergence.txt"; };;
     ab) # this tree's LoRA kernels against OLD_WHEEL's (a wheel of another commit, carried too),
-        # in one lease: the tables' rows on W1's prefill and decode steps and the fused activation,
-        # then W1 with 8 adapters (and no adapters, new wheel) and each run's GPU time per kernel
+        # in one lease: the tables' rows on W1's prefill and decode steps and the fused activation
+        # (AB_MICRO=0 skips them), then W1 with 8 adapters (and no adapters, new wheel) and each
+        # run's GPU time per kernel; AB_QUANT=fp8 runs W1 on an FP8 base
         [ -f "${OLD_WHEEL:-}" ] || { echo "set OLD_WHEEL to the other commit's wheel" >&2; false; } && {
+        q=${AB_QUANT:-none}
         micro() {
           for t in "4096 --run 512" "256 --run 1"; do
             limit 100 python3 bench/lora_step_tiles.py --table-only --tokens $t 2>&1 \
@@ -178,12 +180,12 @@ c.find_smollm2_gguf = lambda: pathlib.Path(sys.argv[1]); c.write_smollm2_checkpo
           limit ${AB_W1_TIMEOUT:-200} python3 bench/offline_throughput.py --shape llama3-8b \
             --device cuda --skip-hf --num-prompts 512 --min-prompt 512 --max-prompt 512 \
             --output-len 128 --adapters "$2" --repeats "${REPEATS:-2}" --skip-breakdown \
-            --kernel-totals "$OUT/ab_kernels_$1.txt" --json "$OUT/ab_w1_$1.json" 2>&1 \
-            | grep -v Loading | tee "$OUT/ab_w1_$1.txt"
+            --quantization "$q" --kernel-totals "$OUT/ab_kernels_$1_$q.txt" \
+            --json "$OUT/ab_w1_$1_$q.json" 2>&1 | grep -v Loading | tee "$OUT/ab_w1_$1_$q.txt"
         }
-        micro new
+        [ "${AB_MICRO:-1}" = 0 ] || micro new
         PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps --force-reinstall \
-          --ignore-requires-python "$OLD_WHEEL" && { micro old; w1 old 8; }
+          --ignore-requires-python "$OLD_WHEEL" && { [ "${AB_MICRO:-1}" = 0 ] || micro old; w1 old 8; }
         PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps --force-reinstall \
           --ignore-requires-python "${wheels[0]}" && w1 new 0,8; };;
     rounding) # each kernel's rounding against HF's math and cuBLAS's at the engine's GEMM shapes,
