@@ -22,11 +22,8 @@ from loraplex.kernels.dispatch import (
     w4a16_gemm,
 )
 from loraplex.kernels.lora_mapping import build_lora_mapping
-from loraplex.kernels.reference.lora import SILU_LORA_MAX_SHRINK_RANK, NextShrink
 
 __all__ = [
-    "SILU_LORA_MAX_SHRINK_RANK",
-    "NextShrink",
     "apply_rotary_pos_emb",
     "build_lora_mapping",
     "fp8_scaled_mm",

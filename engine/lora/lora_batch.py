@@ -32,10 +32,6 @@ LoRA then waits for the GEMM, which hides it whole on decode steps; `finish` onl
 SwiGLU (`silu_and_mul`): gate_up_proj's deltas are added inside the activation's kernel, which
 reads y once and writes silu(gate) * up, instead of an expand that reads and writes y before
 the activation reads it again (y is the widest output of a layer: [T, 2 x intermediate]).
-Past decode sizes the same kernel also takes down_proj's shrink of what it writes (`NextShrink`)
-and hands it to down_proj's `begin(shrunk=...)`, which then only expands: the activation
-[T, intermediate] is not read back for the shrink. At decode sizes the separate shrink runs on
-the side stream beside down_proj's GEMM, where it costs nothing on the main stream.
 
 Tensor parallelism (`reduce`, docs/tensor_parallel.md): the row-parallel projections (o_proj,
 down_proj) shrink their input shard with A's matching columns, so lora_out is a partial sum:
@@ -55,13 +51,7 @@ import torch
 from loraplex.engine.distributed.tp_group import TPGroup
 from loraplex.engine.lora.adapter_pool import AdapterTables
 from loraplex.engine.lora.page_layout import NUM_SLICES, SLICES
-from loraplex.kernels import (
-    SILU_LORA_MAX_SHRINK_RANK,
-    NextShrink,
-    lora_expand,
-    lora_shrink,
-    silu_and_mul_lora,
-)
+from loraplex.kernels import lora_expand, lora_shrink, silu_and_mul_lora
 
 # Steps of at most this many tokens shrink on the side stream (CUDA only).
 OVERLAP_MAX_TOKENS = 64
@@ -139,7 +129,6 @@ class LoRABatch:
         x: torch.Tensor,
         delta_into: torch.Tensor | None = None,
         all_slices: bool = False,
-        shrunk: LoRAShrunk | None = None,
     ) -> LoRAShrunk | None:
         """Shrink x for every adapted slice (on the side stream at decode sizes); x and
         `delta_into` must stay alive until `finish`. None when no slice is adapted.
@@ -147,25 +136,42 @@ class LoRABatch:
         `delta_into`, shaped like y: a tensor the caller adds y to before anyone reads y (the
         residual stream). The expand then adds the deltas there, right after the shrink.
         `all_slices`: shrink every slice of the projection if any is adapted (the others have
-        rank 0 for every adapter of the step), for `silu_and_mul`, which takes both.
-        `shrunk`: x's shrink, already taken by the op that made x (`silu_and_mul`'s): only the
-        rest (the expand into `delta_into`) is left to do."""
-        if shrunk is None:
-            shrunk = self._plan(layer_idx, slice_names, slice_sizes, x, all_slices)
-            if shrunk is None:
-                return None
-            launch_shrink = True
-        else:
-            assert shrunk.layer_idx == layer_idx and shrunk.slice_sizes == slice_sizes
-            launch_shrink = False
+        rank 0 for every adapter of the step), for `silu_and_mul`, which takes both."""
+        used = [i for i, name in enumerate(slice_names) if name in self.modules]
+        if not used:
+            return None
         assert delta_into is None or delta_into.shape == (x.shape[0], sum(slice_sizes))
-        shrunk = replace(shrunk, expanded=delta_into is not None)
-        side = self._side_stream(x)
+        lo, hi = (0, len(slice_names)) if all_slices else (used[0], used[-1] + 1)
+        first = SLICES.index(slice_names[0])
+        slices = slice(first + lo, first + hi)
+        shrunk = LoRAShrunk(
+            layer_idx=layer_idx,
+            lora_out=self._shrink_buffer(layer_idx, slice_names[0], slices, x),
+            slices=slices,
+            y_offset=sum(slice_sizes[:lo]),
+            slice_sizes=slice_sizes[lo:hi],
+            ready=None,
+            expanded=delta_into is not None,
+        )
+        overlap = x.is_cuda and x.shape[0] <= OVERLAP_MAX_TOKENS
+        side = self.workspace.side_stream if overlap else None
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(x.device))  # x and the memset are ready
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            if launch_shrink:
-                self._shrink(shrunk, x)
+            pool = self.pool
+            lora_shrink(
+                x,
+                pool.pages[layer_idx],
+                pool.page_table,
+                pool.first_a[slices],
+                pool.ranks[slices],
+                self.slot_adapters,
+                self.num_active_slots,
+                self.sorted_token_ids,
+                self.slot_start_loc,
+                shrunk.lora_out,
+                zero_out=False,
+            )
             if delta_into is not None:
                 if self.reduce is not None:  # a row-parallel shard's partial shrink
                     self.reduce.all_reduce(shrunk.lora_out)
@@ -183,85 +189,14 @@ class LoRABatch:
         if not shrunk.expanded:
             self._expand(shrunk, y)
 
-    def silu_and_mul(
-        self,
-        shrunk: LoRAShrunk,
-        y: torch.Tensor,
-        next_names: tuple[str, ...],
-        next_sizes: tuple[int, ...],
-    ) -> tuple[torch.Tensor, LoRAShrunk | None]:
+    def silu_and_mul(self, shrunk: LoRAShrunk, y: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of gate_up_proj's output y [T, 2I] with the deltas of `begin`'s
         shrink (taken with `all_slices`) added on the way, never written back into y: one
-        pass over y instead of the expand's read and write plus the activation's read.
-
-        Also, where it pays, the shrink of the result for the next projection (down_proj:
-        `next_names`, `next_sizes`), taken in the same pass instead of reading the [T, I]
-        result again: returned for that projection's `begin(shrunk=...)`, else None. Not at
-        decode sizes on CUDA, where the separate shrink hides beside down_proj's GEMM on the
-        side stream, nor past SILU_LORA_MAX_SHRINK_RANK."""
+        pass over y instead of the expand's read and write plus the activation's read."""
         assert not shrunk.expanded and shrunk.y_offset == 0 and len(shrunk.slice_sizes) == 2
         if shrunk.ready is not None:
             torch.cuda.current_stream(y.device).wait_event(shrunk.ready)
-        tables = self._expand_tables(shrunk)
-        fuse = (
-            self._side_stream(y) is None
-            and self.workspace.max_rank <= SILU_LORA_MAX_SHRINK_RANK
-            and len(next_names) == 1
-        )
-        down = self._plan(shrunk.layer_idx, next_names, next_sizes, y) if fuse else None
-        if down is None:
-            return silu_and_mul_lora(y, shrunk.lora_out, *tables), None
-        pool = self.pool
-        next_shrink = NextShrink(pool.first_a[down.slices], pool.ranks[down.slices], down.lora_out)
-        return silu_and_mul_lora(y, shrunk.lora_out, *tables, next_shrink), down
-
-    def _plan(
-        self,
-        layer_idx: int,
-        slice_names: tuple[str, ...],
-        slice_sizes: tuple[int, ...],
-        x: torch.Tensor,
-        all_slices: bool = False,
-    ) -> LoRAShrunk | None:
-        """The shrink of x for the projection's adapted slices, its buffer zeroed; None when
-        no slice is adapted (see `begin`)."""
-        used = [i for i, name in enumerate(slice_names) if name in self.modules]
-        if not used:
-            return None
-        lo, hi = (0, len(slice_names)) if all_slices else (used[0], used[-1] + 1)
-        first = SLICES.index(slice_names[0])
-        slices = slice(first + lo, first + hi)
-        return LoRAShrunk(
-            layer_idx=layer_idx,
-            lora_out=self._shrink_buffer(layer_idx, slice_names[0], slices, x),
-            slices=slices,
-            y_offset=sum(slice_sizes[:lo]),
-            slice_sizes=slice_sizes[lo:hi],
-            ready=None,
-            expanded=False,
-        )
-
-    def _side_stream(self, x: torch.Tensor) -> torch.cuda.Stream | None:
-        """The stream a decode-sized step's LoRA runs on, beside the base GEMM; None: inline."""
-        if x.is_cuda and x.shape[0] <= OVERLAP_MAX_TOKENS:
-            return self.workspace.side_stream
-        return None
-
-    def _shrink(self, shrunk: LoRAShrunk, x: torch.Tensor) -> None:
-        pool = self.pool
-        lora_shrink(
-            x,
-            pool.pages[shrunk.layer_idx],
-            pool.page_table,
-            pool.first_a[shrunk.slices],
-            pool.ranks[shrunk.slices],
-            self.slot_adapters,
-            self.num_active_slots,
-            self.sorted_token_ids,
-            self.slot_start_loc,
-            shrunk.lora_out,
-            zero_out=False,
-        )
+        return silu_and_mul_lora(y, shrunk.lora_out, *self._expand_tables(shrunk))
 
     def _shrink_buffer(
         self, layer_idx: int, first_name: str, slices: slice, x: torch.Tensor

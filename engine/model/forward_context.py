@@ -41,8 +41,7 @@ class LoRAApplier(Protocol):
     scaled deltas into y (or, given `delta_into` at `begin`, a tensor the caller adds y to next,
     into that one already, and only waits for them). `silu_and_mul` takes the place of `finish`
     for gate_up_proj: the activation of y with the deltas (of a `begin` with `all_slices`)
-    added on the way, and possibly the next projection's shrink of the result, a handle for
-    that projection's `begin(shrunk=...)` (None: `begin` shrinks).
+    added on the way.
     """
 
     def begin(
@@ -53,18 +52,11 @@ class LoRAApplier(Protocol):
         x: torch.Tensor,
         delta_into: torch.Tensor | None = None,
         all_slices: bool = False,
-        shrunk: Any = None,
     ) -> Any: ...
 
     def finish(self, shrunk: Any, y: torch.Tensor) -> None: ...
 
-    def silu_and_mul(
-        self,
-        shrunk: Any,
-        y: torch.Tensor,
-        next_names: tuple[str, ...],
-        next_sizes: tuple[int, ...],
-    ) -> tuple[torch.Tensor, Any]: ...
+    def silu_and_mul(self, shrunk: Any, y: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass

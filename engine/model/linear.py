@@ -97,7 +97,6 @@ class MergedLinear(nn.Module):
         ctx: ForwardContext,
         residual: torch.Tensor | None = None,
         quantized: QuantizedInput | None = None,
-        shrunk: Any = None,
     ) -> torch.Tensor:
         """x [T, input_size] -> [T, output_size]
 
@@ -107,16 +106,13 @@ class MergedLinear(nn.Module):
         `residual` [T, output_size]: the residual stream that the caller adds y to next (o_proj,
         down_proj). The LoRA deltas then go into it (in place) rather than into y: the sum is the
         same, and the whole LoRA, not only its shrink, may run beside the GEMM.
-
-        `shrunk`: the LoRA shrink of x (an opaque handle), taken by the op that made x
-        (`LoRAApplier.silu_and_mul`).
         """
         if ctx.lora is None:
             return self._linear(x, quantized)
         assert x is not None, "the LoRA shrink reads x"
         # The shrink only reads x, so it may run beside the base GEMM (on a side stream).
         shrunk = ctx.lora.begin(
-            self.layer_idx, self.slice_names, self.slice_sizes, x, residual, shrunk=shrunk
+            self.layer_idx, self.slice_names, self.slice_sizes, x, delta_into=residual
         )
         y = self._linear(x, quantized)
         ctx.lora.finish(shrunk, y)

@@ -74,13 +74,9 @@ class MLP(nn.Module):
         gate_up_proj's are added inside the activation. `quantized`: x as FP8 (FP8 gate_up);
         x may then be None in a step without adapters (MergedLinear.forward)."""
         gate_up, shrunk = self.gate_up_proj.forward_unexpanded(x, ctx, quantized)
-        if shrunk is not None:  # the activation adds gate_up's deltas (and may shrink for down)
+        if shrunk is not None:
             assert ctx.lora is not None
-            down = self.down_proj
-            hidden, down_shrunk = ctx.lora.silu_and_mul(
-                shrunk, gate_up, down.slice_names, down.slice_sizes
-            )
-            return down(hidden, ctx, residual, shrunk=down_shrunk)
+            return self.down_proj(ctx.lora.silu_and_mul(shrunk, gate_up), ctx, residual)
         if self.down_proj.takes_fp8_input:  # the activation quantized on its way out
             keep = ctx.needs_unquantized_inputs  # for down_proj's shrink
             hidden, values, scale = silu_and_mul_quant_fp8(gate_up, keep)

@@ -36,24 +36,9 @@ on the host.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from loraplex.kernels.reference.fused_ops import silu_and_mul
-
-# `silu_and_mul_lora`'s fused next shrink keeps a [tokens, max_rank] accumulator per program:
-# adapters of larger ranks take the separate `lora_shrink`.
-SILU_LORA_MAX_SHRINK_RANK = 64
-
-
-class NextShrink(NamedTuple):
-    """The next projection's shrink (down_proj's), fused into `silu_and_mul_lora`: its one slice
-    of the `lora_shrink` arguments, A's pages found through the same page table."""
-
-    first_page: torch.Tensor  # [1, num_adapters] int32: first page of A
-    lora_ranks: torch.Tensor  # [1, num_adapters] int32
-    out: torch.Tensor  # [1, num_tokens, max_rank <= SILU_LORA_MAX_SHRINK_RANK] float32, added into
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -209,12 +194,10 @@ def silu_and_mul_lora(
     num_active_slots: torch.Tensor,  # [1] int32
     sorted_token_ids: torch.Tensor,  # [num_tokens] int32
     slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
-    next_shrink: NextShrink | None = None,
 ) -> torch.Tensor:
     """`silu_and_mul` of x after `lora_expand` of its two slices (gate, up) into it ->
     [num_tokens, intermediate] in x's dtype; x is left as it was. The Triton kernel fuses the
-    two and never writes the sum back. With `next_shrink`, then `lora_shrink` of the result
-    into next_shrink.out (zero_out=False: added), which the kernel takes in the same pass."""
+    two and never writes the sum back."""
     assert x.dim() == 2 and x.shape[1] % 2 == 0, "x must be [num_tokens, 2 * intermediate]"
     assert lora_out.shape[0] == 2, "lora_out must hold the gate and up slices"
     intermediate = x.shape[1] // 2
@@ -222,9 +205,4 @@ def silu_and_mul_lora(
     mapping = (slot_adapters, num_active_slots, sorted_token_ids, slot_start_loc)
     y = x.clone()
     lora_expand(lora_out, *tables, *mapping, y, 0, (intermediate, intermediate))
-    out = silu_and_mul(y)
-    if next_shrink is not None:
-        assert next_shrink.out.shape[2] <= SILU_LORA_MAX_SHRINK_RANK, "next_shrink's rank"
-        first, ranks, shrink_out = next_shrink
-        lora_shrink(out, pages, page_table, first, ranks, *mapping, shrink_out, zero_out=False)
-    return out
+    return silu_and_mul(y)

@@ -19,15 +19,6 @@ Every token must be visited, adapted or not, so the programs' row tiles come in 
 Both counts are shape-only bounds (CUDA-graph friendly); programs past the step's own tiles
 return at once.
 
-The next shrink (`next_shrink`, down_proj's): the output is down_proj's input, and a separate
-`lora_shrink` would read all of it back ([T, I], the widest input of a layer: 117 MB at a 4,096
-token step of Llama-3-8B). Instead each program of a segment tile multiplies the tiles it has
-just stored by its adapter's A (read transposed, [BLOCK_N, BLOCK_R] per column tile) into a
-[BLOCK_M, BLOCK_R] float32 accumulator, and adds that to `next_shrink.out` atomically at the end
-of its column run: the programs of one row tile are split-K over the intermediate dimension, as
-`lora_shrink`'s are. BLOCK_R is the max rank rounded up to a power of two, at most
-SILU_LORA_MAX_SHRINK_RANK (the accumulator and A's tile live in registers).
-
 Tiles (`SILU_LORA_TILES`, `lora_expand`'s `ExpandTiles` keyed by the number of tokens): 16-row
 tiles at every size, each program walking a run of column tiles. The rows are
 bench/silu_lora_tiles.py's H200 sweep (bench/results/h200-48af144-silu-lora): within 4% of the
@@ -44,10 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.reference.lora import SILU_LORA_MAX_SHRINK_RANK, NextShrink
 from loraplex.kernels.triton.launch_checks import check, check_one_device
 from loraplex.kernels.triton.lora_expand import ExpandTiles
-from loraplex.kernels.triton.lora_pages import lora_delta, lora_rank_rows, matrix_ptrs, page_rows
+from loraplex.kernels.triton.lora_pages import lora_delta, lora_rank_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
     rank_block,
@@ -103,8 +93,7 @@ def _silu_and_mul_column_tile(  # type: ignore[no-untyped-def]
     ONE_STEP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """out[rows, cols] = silu(gate + delta_gate) * (up + delta_up), each sum rounded first;
-    returns the tile as stored ([BLOCK_M, BLOCK_N], x's dtype, 0 where masked)."""
+    """out[rows, cols] = silu(gate + delta_gate) * (up + delta_up), each sum rounded first."""
     offs_n = n_start + tl.arange(0, BLOCK_N)
     mask_n = offs_n < intermediate
     mask = mask_m[:, None] & mask_n[None, :]
@@ -124,42 +113,7 @@ def _silu_and_mul_column_tile(  # type: ignore[no-untyped-def]
     gate = (gate.to(tl.float32) + d_gate * scale_gate).to(dtype).to(tl.float32)
     up = (up.to(tl.float32) + d_up * scale_up).to(dtype).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    hidden = (act * up).to(dtype)
-    tl.store(out_rows + offs_n[None, :], hidden, mask=mask)
-    return hidden
-
-
-@triton.jit
-def _shrink_column_tile(  # type: ignore[no-untyped-def]
-    acc,  # [BLOCK_M, BLOCK_R] float32
-    hidden,  # [BLOCK_M, BLOCK_N]: the column tile's activation, as stored
-    n_start,
-    intermediate,
-    pages_ptr,
-    adapter_pages,
-    first,  # first page of the next projection's A [rank, intermediate]
-    offs_r,
-    mask_r,
-    a_rows,  # page_rows of A's rank rows (unused with SPLIT_ROWS)
-    page_size,
-    stride_pp,
-    BLOCK_N: tl.constexpr,
-    SPLIT_ROWS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """acc + hidden @ A[:rank, cols].T: the column tile's share of the next projection's shrink
-    (nothing read from the pages where mask_r is all False: rank 0)."""
-    offs_n = n_start + tl.arange(0, BLOCK_N)
-    mask = (offs_n < intermediate)[:, None] & mask_r[None, :]
-    if SPLIT_ROWS:
-        a_ptrs = matrix_ptrs(
-            pages_ptr, adapter_pages, first, offs_r[None, :], offs_n[:, None], mask, intermediate,
-            page_size, stride_pp,
-        )  # fmt: skip
-    else:
-        a_ptrs = pages_ptr + a_rows[None, :] + offs_n[:, None]
-    a = tl.load(a_ptrs, mask=mask, other=0.0)  # [BLOCK_N, BLOCK_R]: A read transposed
-    return tl.dot(hidden, a, acc, input_precision=DOT_PRECISION)
+    tl.store(out_rows + offs_n[None, :], (act * up).to(dtype), mask=mask)
 
 
 @triton.jit
@@ -176,9 +130,6 @@ def _silu_and_mul_lora_kernel(  # type: ignore[no-untyped-def]
     sorted_token_ids_ptr,
     slot_start_loc_ptr,
     out_ptr,
-    shrink_first_ptr,  # SHRINK: [num_adapters] first page of the next projection's A
-    shrink_ranks_ptr,  # SHRINK: [num_adapters] its ranks
-    shrink_out_ptr,  # SHRINK: [num_tokens, BLOCK_R or more] float32, added into
     num_tokens,
     intermediate,
     page_size,
@@ -191,17 +142,14 @@ def _silu_and_mul_lora_kernel(  # type: ignore[no-untyped-def]
     stride_fs,
     stride_rs,
     stride_out,
-    stride_shrink,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    BLOCK_R: tl.constexpr,  # SHRINK: the next projection's max rank, a power of two
     SLOTS: tl.constexpr,
     SPLIT_ROWS: tl.constexpr,  # a row of B^T (intermediate elements) spans pages
     COLUMN_RUNS: tl.constexpr,
     TARGET_PROGRAMS: tl.constexpr,
     ONE_STEP: tl.constexpr,  # every rank fits BLOCK_K and a row of B^T fits a page
-    SHRINK: tl.constexpr,  # also shrink the output for the next projection
     DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -254,39 +202,14 @@ def _silu_and_mul_lora_kernel(  # type: ignore[no-untyped-def]
         lo_up, mask_m, rank_up, adapter_pages, first_up, intermediate, page_size,
         stride_pp, BLOCK_K, ONE_STEP,
     )  # fmt: skip
-    # The next projection's shrink: rows of its A (row length `intermediate`, as B^T's).
-    offs_r = tl.arange(0, BLOCK_R)
-    rank_next = 0
-    if SHRINK:
-        rank_next = tl.where(is_rest, 0, tl.load(shrink_ranks_ptr + adapter))
-    mask_r = offs_r < rank_next
-    first_next = 0
-    a_rows = offs_r.to(tl.int64)  # unused with SPLIT_ROWS
-    if SHRINK:
-        first_next = tl.load(shrink_first_ptr + adapter)
-        if not SPLIT_ROWS:
-            a_rows = page_rows(
-                adapter_pages, first_next, offs_r, mask_r, intermediate, page_size, stride_pp
-            )
-    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-
     n_end = tl.minimum(n_first + run * BLOCK_N, intermediate)
     for n_start in range(n_first, n_end, BLOCK_N):
-        hidden = _silu_and_mul_column_tile(
+        _silu_and_mul_column_tile(
             n_start, x_rows, out_rows, lo_gate, lo_up, mask_m, rank_gate, rank_up, scale_gate,
             scale_up, pages_ptr, adapter_pages, first_gate, first_up, intermediate, page_size,
             stride_pp, lo_tile_gate, row_base_gate, mask_k_gate, lo_tile_up, row_base_up,
             mask_k_up, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_ROWS, ONE_STEP, DOT_PRECISION,
         )  # fmt: skip
-        if SHRINK:
-            acc = _shrink_column_tile(
-                acc, hidden, n_start, intermediate, pages_ptr, adapter_pages, first_next,
-                offs_r, mask_r, a_rows, page_size, stride_pp, BLOCK_N, SPLIT_ROWS, DOT_PRECISION,
-            )  # fmt: skip
-    if SHRINK:  # the run's partial sums (all masked at rank 0); other runs of the rows add theirs
-        shrink_ptrs = shrink_out_ptr + token_ids[:, None] * stride_shrink + offs_r[None, :]
-        mask = mask_m[:, None] & mask_r[None, :]
-        tl.atomic_add(shrink_ptrs, acc, mask=mask, sem="relaxed")
 
 
 def silu_and_mul_lora(
@@ -301,16 +224,13 @@ def silu_and_mul_lora(
     num_active_slots: torch.Tensor,  # [1] int32
     sorted_token_ids: torch.Tensor,  # [num_tokens] int32
     slot_start_loc: torch.Tensor,  # [num_slots + 1] int32
-    next_shrink: NextShrink | None = None,
 ) -> torch.Tensor:
     """`silu_and_mul` of x after `lora_expand` of its two slices into it -> [num_tokens, I] in
-    x's dtype (a new tensor; x is left as it was); with `next_shrink`, also `lora_shrink` of
-    that output for the next projection, added into next_shrink.out. SILU_LORA_TILES' row for
-    the number of tokens."""
+    x's dtype (a new tensor; x is left as it was). SILU_LORA_TILES' row for the number of tokens."""
     tables = (page_table, first_page, lora_ranks, scalings, slot_adapters, num_active_slots)
     mapping = (sorted_token_ids, slot_start_loc)
     tiles = SILU_LORA_TILES.lookup(x.shape[0])
-    return launch_silu_and_mul_lora(x, lora_out, pages, *tables, *mapping, tiles, next_shrink)
+    return launch_silu_and_mul_lora(x, lora_out, pages, *tables, *mapping, tiles)
 
 
 def _check_args(
@@ -325,7 +245,6 @@ def _check_args(
     num_active_slots: torch.Tensor,
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
-    next_shrink: NextShrink | None,
 ) -> None:
     check(OP, x.dim() == 2 and lora_out.dim() == 3 and pages.dim() == 2, "bad tensor ranks")
     num_tokens, width = x.shape
@@ -352,27 +271,6 @@ def _check_args(
     check(OP, x.stride(1) == 1 and lora_out.stride(2) == 1, "x and lora_out need contiguous rows")
     check(OP, pages.stride(1) == 1, "pages need contiguous rows")
     check_one_device(OP, x, lora_out, pages, scalings, *mapping)
-    if next_shrink is not None:
-        _check_next_shrink(x, pages, page_table, next_shrink)
-
-
-def _check_next_shrink(
-    x: torch.Tensor, pages: torch.Tensor, page_table: torch.Tensor, next_shrink: NextShrink
-) -> None:
-    num_tokens, num_adapters = x.shape[0], page_table.shape[0]
-    out = next_shrink.out
-    check(OP, out.dim() == 3 and out.shape[:2] == (1, num_tokens), "next_shrink.out: [1, T, R]")
-    check(OP, out.dtype == torch.float32 and out.stride(2) == 1, "next_shrink.out: float32 rows")
-    check(
-        OP,
-        out.shape[2] <= SILU_LORA_MAX_SHRINK_RANK,
-        f"next_shrink's max rank {out.shape[2]} is over {SILU_LORA_MAX_SHRINK_RANK}",
-    )
-    for name, t in (("first_page", next_shrink.first_page), ("lora_ranks", next_shrink.lora_ranks)):
-        check(OP, t.shape == (1, num_adapters), f"next_shrink.{name} must be [1, num_adapters]")
-        check(OP, t.dtype == torch.int32 and t.stride(1) == 1, f"next_shrink.{name}: int32 rows")
-    check(OP, x.dtype == pages.dtype, "the next shrink needs x in the pages' dtype")
-    check_one_device(OP, x, out, next_shrink.first_page, next_shrink.lora_ranks)
 
 
 def launch_silu_and_mul_lora(
@@ -388,12 +286,11 @@ def launch_silu_and_mul_lora(
     sorted_token_ids: torch.Tensor,
     slot_start_loc: torch.Tensor,
     tiles: ExpandTiles,
-    next_shrink: NextShrink | None = None,
 ) -> torch.Tensor:
     """`silu_and_mul_lora` with the given tiles instead of the table's."""
     tables = (page_table, first_page, lora_ranks, scalings, slot_adapters, num_active_slots)
     mapping = (sorted_token_ids, slot_start_loc)
-    _check_args(x, lora_out, pages, *tables, *mapping, next_shrink)
+    _check_args(x, lora_out, pages, *tables, *mapping)
     num_tokens, width = x.shape
     intermediate = width // 2
     out = torch.empty((num_tokens, intermediate), dtype=x.dtype, device=x.device)
@@ -404,7 +301,6 @@ def launch_silu_and_mul_lora(
     num_segment_grid, slots = segment_grid(num_tokens, slot_adapters.shape[0], tiles.block_m)
     num_rest_grid = triton.cdiv(num_tokens, tiles.block_m)
     grid = (num_segment_grid + num_rest_grid, triton.cdiv(intermediate, tiles.block_n))
-    shrink = next_shrink or NextShrink(first_page[:1], lora_ranks[:1], lora_out[:1])  # unread
     _silu_and_mul_lora_kernel[grid](
         x,
         lora_out,
@@ -418,9 +314,6 @@ def launch_silu_and_mul_lora(
         sorted_token_ids,
         slot_start_loc,
         out,
-        shrink.first_page,
-        shrink.lora_ranks,
-        shrink.out,
         num_tokens,
         intermediate,
         page_size,
@@ -433,17 +326,14 @@ def launch_silu_and_mul_lora(
         first_page.stride(0),
         lora_ranks.stride(0),
         out.stride(0),
-        shrink.out.stride(1),
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=block_k,
-        BLOCK_R=rank_block(max(shrink.out.shape[2], 1), SILU_LORA_MAX_SHRINK_RANK),
         SLOTS=slots,
         SPLIT_ROWS=intermediate > page_size,
         COLUMN_RUNS=tiles.target_programs is not None,
         TARGET_PROGRAMS=tiles.target_programs or 1,
         ONE_STEP=lora_out.shape[2] <= block_k and intermediate <= page_size,
-        SHRINK=next_shrink is not None and next_shrink.out.shape[2] > 0,
         DOT_PRECISION="ieee" if pages.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,

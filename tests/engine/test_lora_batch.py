@@ -18,7 +18,6 @@ from loraplex.engine.lora.adapter_pool import AdapterPool
 from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
 from loraplex.engine.lora.page_layout import SLICES, plan_layout, stage_adapter
 from loraplex.kernels import build_lora_mapping
-from loraplex.kernels.reference import silu_and_mul
 from tests.engine.lora_units import ARCH, SHAPES, make_adapter
 
 ALL_MODULES = SLICES
@@ -50,7 +49,6 @@ def pick_device(kernels: str, monkeypatch: pytest.MonkeyPatch) -> torch.device:
 
     monkeypatch.setattr(lora_batch, "lora_shrink", triton_kernels.lora_shrink)
     monkeypatch.setattr(lora_batch, "lora_expand", triton_kernels.lora_expand)
-    monkeypatch.setattr(lora_batch, "silu_and_mul_lora", triton_kernels.silu_and_mul_lora)
     return CPU
 
 
@@ -121,25 +119,6 @@ def check_forward(
             torch.testing.assert_close(y.cpu().double() - y0.double(), delta, atol=1e-4, rtol=1e-4)
 
 
-def make_batch(
-    adapter_set: str, num_workspace_tokens: int, device: torch.device
-) -> tuple[LoRABatch, dict[int, LoRAAdapter], list[int]]:
-    """A batch of the set's adapters: (LoRABatch, adapters, each token's resident id or -1)."""
-    pool, adapters = load_adapters(adapter_set, device)
-    rids = list(adapters)
-    token_adapters = [-1, *rids, *reversed(rids), -1, rids[0]]
-    # Batch slots in order of first appearance, as LoRAManager.prepare builds them.
-    slot_adapters = torch.tensor(rids + [0] * (4 - len(rids)), dtype=torch.int32, device=device)
-    slot_of = {rid: slot for slot, rid in enumerate(rids)}
-    token_slots = torch.tensor([slot_of.get(r, -1) for r in token_adapters], device=device)
-    ids, loc = build_lora_mapping(token_slots, 4)
-    ws = LoRAWorkspace(ARCH.num_hidden_layers, 8, device, max_tokens=num_workspace_tokens)
-    modules = set().union(*(a.target_modules for a in adapters.values()))
-    num_active = torch.tensor([len(rids)], dtype=torch.int32, device=device)
-    batch = LoRABatch(pool, ws, ids, loc, slot_adapters, num_active, modules)
-    return batch, adapters, token_adapters
-
-
 @pytest.mark.parametrize("kernels", ["reference", "triton"])
 @pytest.mark.parametrize("workspace", list(WORKSPACE_SIZES))
 @pytest.mark.parametrize("adapter_set", list(ADAPTER_SETS))
@@ -148,50 +127,24 @@ def test_begin_finish_add_each_adapters_deltas(
 ) -> None:
     device = pick_device(kernels, monkeypatch)
     torch.manual_seed(0)
-    batch, adapters, token_adapters = make_batch(adapter_set, WORKSPACE_SIZES[workspace], device)
-    ws = batch.workspace
+    pool, adapters = load_adapters(adapter_set, device)
+    rids = list(adapters)
+    token_adapters = [-1, *rids, *reversed(rids), -1, rids[0]]
+    # Batch slots in order of first appearance, as LoRAManager.prepare builds them.
+    slot_adapters = torch.tensor(rids + [0] * (4 - len(rids)), dtype=torch.int32, device=device)
+    slot_of = {rid: slot for slot, rid in enumerate(rids)}
+    token_slots = torch.tensor([slot_of.get(r, -1) for r in token_adapters], device=device)
+    ids, loc = build_lora_mapping(token_slots, 4)
+    ws = LoRAWorkspace(ARCH.num_hidden_layers, 8, device, max_tokens=WORKSPACE_SIZES[workspace])
+    modules = set().union(*(a.target_modules for a in adapters.values()))
+    num_active = torch.tensor([len(rids)], dtype=torch.int32, device=device)
+    batch = LoRABatch(pool, ws, ids, loc, slot_adapters, num_active, modules)
     uses_workspace = workspace == "step-workspace"
     assert (ws.for_step(len(token_adapters)) is not None) == uses_workspace
     for forward in range(2):  # replays of one batch, as a CUDA graph does
         if forward == 1 and uses_workspace:
             ws.for_step(len(token_adapters)).fill_(7.0)  # dirty; must be re-zeroed
         check_forward(batch, adapters, token_adapters, device)
-
-
-@pytest.mark.parametrize("kernels", ["reference", "triton"])
-@pytest.mark.parametrize("workspace", list(WORKSPACE_SIZES))
-@pytest.mark.parametrize("adapter_set", ["qv+full", "qv+mlp", "down-only"])
-def test_silu_and_mul_hands_down_proj_its_shrink(
-    kernels: str, workspace: str, adapter_set: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The MLP as the model runs it: gate_up's shrink, `silu_and_mul` (gate/up deltas added,
-    down_proj's shrink of the result taken in the same pass, off CUDA's decode sizes), then
-    down_proj's `begin(shrunk=...)` with the residual: deltas checked against float64."""
-    device = pick_device(kernels, monkeypatch)
-    torch.manual_seed(0)
-    batch, adapters, token_adapters = make_batch(adapter_set, WORKSPACE_SIZES[workspace], device)
-    num_tokens = len(token_adapters)
-    gate_up, down = ("gate_proj", "up_proj"), ("down_proj",)
-    inter, hidden = SHAPES["down_proj"]
-    for layer in range(ARCH.num_hidden_layers):
-        x = torch.randn(num_tokens, SHAPES["gate_proj"][0])
-        y = torch.randn(num_tokens, 2 * inter)
-        shrunk = batch.begin(layer, gate_up, (inter, inter), x.to(device), all_slices=True)
-        if shrunk is None:  # no adapter targets gate or up: plain activation, plain shrink
-            assert adapter_set == "down-only"
-            act, down_shrunk = silu_and_mul(y), None
-        else:
-            act, down_shrunk = batch.silu_and_mul(shrunk, y.to(device), down, (hidden,))
-            act = act.cpu()
-            expected = y.double() + expected_delta(adapters, token_adapters, layer, gate_up, x)
-            torch.testing.assert_close(act, silu_and_mul(expected.float()), atol=1e-4, rtol=1e-4)
-            assert (down_shrunk is None) == (device.type == "cuda")  # CUDA: 8 tokens, decode-sized
-        residual = torch.randn(num_tokens, hidden)
-        into = residual.to(device, copy=True)
-        handle = batch.begin(layer, down, (hidden,), act.to(device), into, shrunk=down_shrunk)
-        batch.finish(handle, torch.zeros(num_tokens, hidden, device=device))
-        delta = expected_delta(adapters, token_adapters, layer, down, act)
-        torch.testing.assert_close(into.cpu().double() - residual, delta, atol=1e-4, rtol=1e-4)
 
 
 def test_workspace_views_and_size_cap() -> None:

@@ -176,13 +176,10 @@ def test_packed_mixed_prefill_decode_step_matches_hf(
 class RecordingLoRA:
     """A LoRAApplier that records its calls (with whether a residual came as `delta_into`, and
     how the call ended: `finish`, or `silu_and_mul` after a `begin` with `all_slices`) and adds
-    a known delta to o_proj of layer 0: into y, or into the residual if one came. Its
-    `silu_and_mul` hands a shrink to the next projection, whose `begin` must receive it
-    (recorded as "finish (shrunk)")."""
+    a known delta to o_proj of layer 0: into y, or into the residual if one came."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, tuple[str, ...], tuple[int, ...], int, bool, int, str]] = []
-        self.handed_over = False
 
     def apply(
         self,
@@ -202,10 +199,7 @@ class RecordingLoRA:
         x: torch.Tensor,
         delta_into: torch.Tensor | None = None,
         all_slices: bool = False,
-        shrunk: tuple | None = None,
     ) -> tuple:
-        assert shrunk in (None, ("next shrink", layer_idx, slice_names, slice_sizes))
-        self.handed_over = shrunk is not None
         if delta_into is not None:
             assert delta_into.shape == (x.shape[0], sum(slice_sizes))
             if layer_idx == 0 and slice_names == ("o_proj",):
@@ -215,21 +209,14 @@ class RecordingLoRA:
 
     def finish(self, shrunk: tuple, y: torch.Tensor) -> None:
         assert not shrunk[5], "a begin with all_slices ends in silu_and_mul"
-        ending = "finish (shrunk)" if self.handed_over else "finish"
-        self.calls.append((*shrunk[:5], y.shape[-1], ending))
+        self.calls.append((*shrunk[:5], y.shape[-1], "finish"))
         if shrunk[0] == 0 and shrunk[1] == ("o_proj",) and not shrunk[4]:
             y.add_(1.0)
 
-    def silu_and_mul(
-        self,
-        shrunk: tuple,
-        y: torch.Tensor,
-        next_names: tuple[str, ...],
-        next_sizes: tuple[int, ...],
-    ) -> tuple[torch.Tensor, tuple]:
+    def silu_and_mul(self, shrunk: tuple, y: torch.Tensor) -> torch.Tensor:
         assert shrunk[5], "silu_and_mul needs the shrink of every slice"
         self.calls.append((*shrunk[:5], y.shape[-1], "silu_and_mul"))
-        return silu_and_mul(y), ("next shrink", shrunk[0], next_names, next_sizes)
+        return silu_and_mul(y)
 
 
 def test_projections_call_the_lora_applier(llama_checkpoint: Path) -> None:
@@ -240,12 +227,12 @@ def test_projections_call_the_lora_applier(llama_checkpoint: Path) -> None:
     base = PagedKV(cfg, 4, torch.float32).step(model, [SeqChunk(ids, [2, 0], 0, 6)])
     h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
     # o_proj and down_proj hand their deltas to the residual stream, qkv to y, gate_up to the
-    # activation, which hands its shrink to down_proj.
+    # activation.
     per_layer = [
         (("q_proj", "k_proj", "v_proj"), (q, kv, kv), h, False, q + 2 * kv, "finish"),
         (("o_proj",), (h,), q, True, h, "finish"),
         (("gate_proj", "up_proj"), (inter, inter), h, False, 2 * inter, "silu_and_mul"),
-        (("down_proj",), (h,), inter, True, h, "finish (shrunk)"),
+        (("down_proj",), (h,), inter, True, h, "finish"),
     ]
     assert lora.calls == [(i, *call) for i in range(cfg.num_hidden_layers) for call in per_layer]
     assert not torch.allclose(with_lora, base)  # the in-place delta reached the output
@@ -279,11 +266,8 @@ def test_a_delta_into_the_residual_equals_the_same_delta_into_y(llama_checkpoint
             x: torch.Tensor,
             delta_into: torch.Tensor | None = None,
             all_slices: bool = False,
-            shrunk: tuple | None = None,
         ) -> tuple:
-            return super().begin(
-                layer_idx, slice_names, slice_sizes, x, all_slices=all_slices, shrunk=shrunk
-            )
+            return super().begin(layer_idx, slice_names, slice_sizes, x, all_slices=all_slices)
 
     model, cfg = load_model(llama_checkpoint, dtype="float32", device="cpu")
     ids = random_ids(cfg.vocab_size, 6, seed=5)

@@ -17,15 +17,12 @@ import pytest
 import torch
 
 from loraplex.kernels.reference import lora as reference
-from loraplex.kernels.reference.lora import NextShrink
 from loraplex.kernels.triton.lora_expand import EXPAND_TILES, launch_lora_expand
 from loraplex.kernels.triton.lora_shrink import SHRINK_TILES, launch_lora_shrink
 from tests.kernels.llama3_shapes import (
     BLOCK_SIZE,
     GPU_DTYPES,
     HEAD_DIM,
-    HIDDEN_SIZE,
-    INTERMEDIATE_SIZE,
     LORA_GROUPS,
     NUM_KV_HEADS,
     ROUNDED,
@@ -52,19 +49,13 @@ SMALL_PAGE_SIZE = 2 * 1 * NUM_KV_HEADS * HEAD_DIM  # 2048: block_size 1
 
 
 def llama3_inputs(
-    group: str,
-    rank: int,
-    num_tokens: int,
-    dtype: torch.dtype,
-    page_size: int = PAGE_SIZE,
-    shape: tuple[int, tuple[int, ...]] | None = None,
+    group: str, rank: int, num_tokens: int, dtype: torch.dtype, page_size: int = PAGE_SIZE
 ) -> LoRAKernelInputs:
     """8 slots at `rank`, except slot 3 (an adapter targeting no slice of the group), slot 6
     (half rank) and slot 2 (without its second slice, as an adapter without k_proj / up_proj);
     tokens spread unevenly (slot 5 gets none, slot 1 twice its share), every 7th without an
-    adapter. Slot s maps to adapter row 9 - s (rows 0 and 1 unused). `shape`: (in_dim, slice
-    sizes) instead of the group's."""
-    in_dim, sizes = shape or LORA_GROUPS[group]
+    adapter. Slot s maps to adapter row 9 - s (rows 0 and 1 unused)."""
+    in_dim, sizes = LORA_GROUPS[group]
     ranks = [[rank] * NUM_SLOTS for _ in sizes]
     for slice_ranks in ranks:
         slice_ranks[3] = 0
@@ -212,32 +203,3 @@ def test_silu_and_mul_lora_matches_reference(
     error = (actual.float() - expected.float()).abs()
     assert not actual.isnan().any()
     assert (error <= tol.atol + tol.rtol * scale).all(), f"max error {error.max().item()}"
-
-
-# Slices gate, up and down of one layer, every A row intermediate-long: gate's and up's B^T and
-# down's A are what silu_and_mul_lora with a next shrink reads.
-GATE_UP_DOWN = (INTERMEDIATE_SIZE, (INTERMEDIATE_SIZE, INTERMEDIATE_SIZE, HIDDEN_SIZE))
-
-
-@pytest.mark.parametrize("dtype", GPU_DTYPES)
-@pytest.mark.parametrize("num_tokens", [100, 256, 4096])
-@pytest.mark.parametrize("page_size", [PAGE_SIZE, SMALL_PAGE_SIZE], ids=["rows-fit", "rows-span"])
-def test_silu_and_mul_lora_next_shrink_matches_reference(
-    triton_kernels: ModuleType, num_tokens: int, page_size: int, dtype: torch.dtype
-) -> None:
-    """down_proj's shrink fused into the activation (the engine's path past decode sizes): the
-    activation bit for bit as without it, and the shrink of that activation as the reference's
-    lora_shrink computes it, into a 64-wide output (the fused accumulator's widest)."""
-    inputs = llama3_inputs("gate_up", 16, num_tokens, dtype, page_size, shape=GATE_UP_DOWN)
-    lora_out = poisoned_lora_out(inputs)[:2]
-    x = torch.randn(num_tokens, 2 * INTERMEDIATE_SIZE, device=CUDA).to(dtype)
-    tables = (inputs.pages, inputs.page_table, inputs.first_b[:2], inputs.lora_ranks[:2])
-    args = (x, lora_out, *tables, inputs.scalings, *inputs.mapping)
-    shrink_out = torch.zeros(1, num_tokens, MAX_LORA_RANK, device=CUDA)
-    down = (inputs.first_a[2:], inputs.lora_ranks[2:])
-    fused = triton_kernels.silu_and_mul_lora(*args, NextShrink(*down, shrink_out))
-    assert torch.equal(fused, triton_kernels.silu_and_mul_lora(*args))
-    expected = torch.zeros_like(shrink_out)
-    reference.lora_shrink(fused, inputs.pages, inputs.page_table, *down, *inputs.mapping, expected)
-    assert expected.abs().amax() > 0.1  # adapters' rows were shrunk
-    assert_close(shrink_out, expected, SHRINK[dtype])

@@ -10,7 +10,6 @@ CPU interpreter).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from types import ModuleType
 
 import pytest
@@ -18,7 +17,6 @@ import torch
 
 from loraplex.kernels.reference import lora as reference
 from loraplex.kernels.reference.fused_ops import silu_and_mul
-from loraplex.kernels.reference.lora import NextShrink
 from loraplex.kernels.triton.lora_expand import ExpandTiles
 from loraplex.kernels.triton.silu_and_mul_lora import SILU_LORA_TILES, launch_silu_and_mul_lora
 from tests.kernels.interpreter_dtypes import DTYPES
@@ -28,7 +26,6 @@ from tests.kernels.lora_inputs import (
     MANY_SLOT_TOKENS,
     LoRACase,
     LoRAKernelInputs,
-    adapted,
     lora_case,
     make_inputs,
     naive_expand,
@@ -111,100 +108,3 @@ def test_launcher_rejects_bad_inputs(triton_kernels: ModuleType, device: torch.d
         triton_kernels.silu_and_mul_lora(*fused_args(inputs, x[:, :-1], lora_out))
     with pytest.raises(ValueError, match="float32"):
         triton_kernels.silu_and_mul_lora(*fused_args(inputs, x, lora_out.half()))
-
-
-# The next shrink (down_proj's): a third slice whose A rows are `INTER` long (its in_dim); its B
-# is never read. Slices: gate, up, down.
-DOWN = 24
-SHRINK_CASES = {
-    # A slot without down, one with only down; tokens without an adapter. A: rows fit a page.
-    "uneven-ranks": lora_case(
-        [[8, 16, 0, 0], [8, 0, 4, 0], [4, 0, 8, 16]], [5, 9, 3, 4], 6, 16, (INTER, INTER, DOWN), 256
-    ),
-    # Down's A rows (72) span two pages of 64.
-    "rows-span": lora_case([[4, 0], [4, 0], [8, 4]], [7, 4], 2, 8, (INTER, INTER, DOWN), 64),
-    "mid-sized": lora_case([[16, 4], [16, 4], [16, 0]], [50, 17], 6, 16, (INTER, INTER, DOWN), 256),
-    # Ranks up to the fused shrink's cap: a 64-wide accumulator.
-    "r64": lora_case([[64, 4], [64, 4], [64, 8]], [9, 5], 1, 64, (INTER, INTER, DOWN), 1024),
-    "many-small-segments": lora_case(
-        [MANY_SLOT_RANKS, MANY_SLOT_RANKS[::-1], MANY_SLOT_RANKS],
-        MANY_SLOT_TOKENS,
-        5,
-        16,
-        (INTER, INTER, DOWN),
-        256,
-    ),  # fmt: skip
-}
-
-
-def shrink_inputs(case: LoRACase, dtype: torch.dtype, device: torch.device) -> LoRAKernelInputs:
-    return make_inputs(replace(case, in_dim=INTER), dtype, device)
-
-
-def fused_shrink_args(
-    inputs: LoRAKernelInputs, x: torch.Tensor, lora_out: torch.Tensor, shrink_out: torch.Tensor
-) -> tuple:
-    """silu_and_mul_lora's arguments: gate and up from slices 0-1, the next shrink slice 2."""
-    tables = (inputs.pages, inputs.page_table, inputs.first_b[:2], inputs.lora_ranks[:2])
-    nxt = NextShrink(inputs.first_a[2:], inputs.lora_ranks[2:], shrink_out)
-    return (x, lora_out[:2], *tables, inputs.scalings, *inputs.mapping, nxt)
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=n) for n, c in SHRINK_CASES.items()])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_triton_next_shrink_matches_reference(
-    triton_kernels: ModuleType,
-    device: torch.device,
-    case: LoRACase,
-    dtype: torch.dtype,
-    variant: str,
-) -> None:
-    """Both outputs; the shrink adds into what `out` held (several programs per row add
-    theirs atomically with the column-run variants)."""
-    inputs = shrink_inputs(case, dtype, device)
-    x, lora_out = gate_up(inputs, dtype), poisoned_lora_out(inputs)
-    start = torch.randn(1, x.shape[0], case.max_rank, device=device)
-    expected_out = start.clone()
-    expected = reference.silu_and_mul_lora(*fused_shrink_args(inputs, x, lora_out, expected_out))
-    actual_out = start.clone()
-    args = fused_shrink_args(inputs, x, lora_out, actual_out)
-    actual = launch_silu_and_mul_lora(*args[:-1], VARIANTS[variant], args[-1])
-    torch.testing.assert_close(actual, expected, atol=ATOL[dtype], rtol=1e-2)
-    torch.testing.assert_close(actual_out, expected_out, atol=ATOL[dtype], rtol=1e-2)
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=n) for n, c in SHRINK_CASES.items()])
-def test_reference_next_shrink_is_the_shrink_of_the_output(case: LoRACase) -> None:
-    """The activation is the one without a next shrink; the shrink adds, per token of a slot
-    whose adapter targets the next projection, output @ A.T in float64 (other rows untouched)."""
-    inputs = shrink_inputs(case, torch.float32, torch.device("cpu"))
-    x, lora_out = gate_up(inputs, torch.float32), poisoned_lora_out(inputs)
-    start = torch.randn(1, x.shape[0], case.max_rank)
-    shrink_out = start.clone()
-    args = fused_shrink_args(inputs, x, lora_out, shrink_out)
-    actual = reference.silu_and_mul_lora(*args)
-    assert torch.equal(actual, reference.silu_and_mul_lora(*args[:-1]))
-    expected = start.clone()
-    for i, t, s, rank in adapted(inputs):
-        if i == 2:
-            a = inputs.lora_a[2][s].double()  # [rank, INTER]
-            expected[0, t, :rank] += (actual[t].double() @ a.T).float()
-    torch.testing.assert_close(shrink_out, expected, atol=1e-5, rtol=1e-5)
-
-
-def test_launcher_rejects_bad_next_shrink(triton_kernels: ModuleType, device: torch.device) -> None:
-    inputs = shrink_inputs(SHRINK_CASES["uneven-ranks"], torch.float32, device)
-    x, lora_out = gate_up(inputs, torch.float32), poisoned_lora_out(inputs)
-    args = fused_shrink_args(inputs, x, lora_out, torch.zeros(1, x.shape[0], 16, device=device))
-    nxt = args[-1]
-    too_wide = torch.zeros(1, x.shape[0], reference.SILU_LORA_MAX_SHRINK_RANK + 1, device=device)
-    bad = {
-        "over": nxt._replace(out=too_wide),
-        "float32 rows": nxt._replace(out=nxt.out.half()),
-        "T, R": nxt._replace(out=nxt.out[:, :-1]),
-        "num_adapters": nxt._replace(lora_ranks=inputs.lora_ranks[1:]),
-    }
-    for match, wrong in bad.items():
-        with pytest.raises(ValueError, match=match):
-            triton_kernels.silu_and_mul_lora(*args[:-1], wrong)
