@@ -75,6 +75,7 @@ def kernel_totals_run(
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         llm.generate(requests, params, lora_request=loras, use_tqdm=False)
         torch.cuda.synchronize()
+    gaps = device_gaps(prof.events())
     rows = [e for e in prof.key_averages() if e.self_device_time_total > 0]
     rows.sort(key=lambda e: e.self_device_time_total, reverse=True)
     total_us = sum(e.self_device_time_total for e in rows)
@@ -85,4 +86,46 @@ def kernel_totals_run(
         share = e.self_device_time_total / total_us
         per_call = e.self_device_time_total / max(e.count, 1)
         lines.append(f"{ms:10.1f} {share:6.1%} {e.count:8d} {per_call:8.1f}  {e.key[:90]}")
-    return "\n".join(lines)
+    return "\n".join(lines + gaps)
+
+
+GAP_BOUNDS_US = (5, 20, 100, 1000)
+
+
+def device_gaps(events: list, row_limit: int = 12) -> list[str]:
+    """Where the device sat idle during the run: the span from the first kernel (or copy) to
+    the last, less the union of their intervals (side-stream kernels overlap the main
+    stream's), the idle gaps by size, and the kernels after which the most idle time began
+    (a gap after kernel K: nothing was queued behind K in time)."""
+    intervals = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in events
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
+    if not intervals:
+        return []
+    gaps: list[tuple[float, str]] = []  # (idle us, the kernel that ended just before it)
+    busy_until, last_name = intervals[0][1], intervals[0][2]
+    for start, end, name in intervals[1:]:
+        if start > busy_until:
+            gaps.append((start - busy_until, last_name))
+        if end > busy_until:
+            busy_until, last_name = end, name
+    span = busy_until - intervals[0][0]
+    idle = sum(g for g, _ in gaps)
+    lines = [
+        "",
+        f"Device idle: {idle / 1e6:.3f} s of the {span / 1e6:.3f} s from the first kernel to the "
+        f"last ({len(gaps)} gaps)",
+    ]
+    for lo, hi in zip((0, *GAP_BOUNDS_US), (*GAP_BOUNDS_US, float("inf")), strict=True):
+        sizes = [g for g, _ in gaps if lo <= g < hi]
+        lines.append(f"  gaps of {lo}-{hi} us: {len(sizes):7d}, {sum(sizes) / 1e3:9.1f} ms")
+    after: dict[str, list[float]] = {}
+    for g, name in gaps:
+        after.setdefault(name[:90], []).append(g)
+    lines.append(f"{'idle ms':>10} {'gaps':>7} {'us/gap':>8}  after kernel")
+    for name, sizes in sorted(after.items(), key=lambda kv: -sum(kv[1]))[:row_limit]:
+        total = sum(sizes)
+        lines.append(f"{total / 1e3:10.1f} {len(sizes):7d} {total / len(sizes):8.1f}  {name}")
+    return lines
