@@ -18,10 +18,11 @@ from loraplex.engine.tokenizer import Tokenizer
 class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
         """Build the engine, then freeze the process's heap as the server's engine process does
-        (`freeze_startup_heap`): otherwise a full garbage collection walks the ~600,000 objects
-        alive after start-up every few thousand steps, a pause of 100-250 ms in which the GPU
-        runs out of queued work. The heap is unfrozen when this LLM is collected, so that an
-        engine given up (with the reference cycles it holds) is still freed."""
+        (`freeze_startup_heap`): otherwise each full garbage collection walks the ~600,000
+        objects alive after start-up (about one per 10 s of generating), a pause of 100-250 ms
+        in which the GPU runs out of queued work. The heap is unfrozen when this LLM is
+        collected, so that an engine given up (with the reference cycles it holds) is still
+        freed; with several LLMs alive, the first one collected unfreezes it for all."""
         self.engine = LLMEngine.from_engine_args(model, **kwargs)
         self._next_id = 0
         freeze_startup_heap()
