@@ -4,6 +4,8 @@ decode-only steps (`--torch-profile`), and the GPU time of one whole run per ker
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from loraplex.engine import LLM, LoRARequest, SamplingParams
@@ -73,9 +75,14 @@ def kernel_totals_run(
     requests = [{"prompt_token_ids": p} for p in prompts]
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
         llm.generate(requests, params, lora_request=loras, use_tqdm=False)
         torch.cuda.synchronize()
+        wall_s = time.perf_counter() - start
     gaps = device_gaps(prof.events())
+    gaps.append(
+        f"Host wall time of this run: {wall_s:.3f} s (the device's span above is within it)"
+    )
     rows = [e for e in prof.key_averages() if e.self_device_time_total > 0]
     rows.sort(key=lambda e: e.self_device_time_total, reverse=True)
     total_us = sum(e.self_device_time_total for e in rows)
