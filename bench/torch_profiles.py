@@ -79,8 +79,8 @@ def kernel_totals_run(
         llm.generate(requests, params, lora_request=loras, use_tqdm=False)
         torch.cuda.synchronize()
         wall_s = time.perf_counter() - start
-    gaps = device_gaps(prof.events())
-    gaps.append(
+    idle_lines = device_gaps(prof.events())
+    idle_lines.append(
         f"Host wall time of this run: {wall_s:.3f} s (the device's span above is within it)"
     )
     rows = [e for e in prof.key_averages() if e.self_device_time_total > 0]
@@ -93,7 +93,7 @@ def kernel_totals_run(
         share = e.self_device_time_total / total_us
         per_call = e.self_device_time_total / max(e.count, 1)
         lines.append(f"{ms:10.1f} {share:6.1%} {e.count:8d} {per_call:8.1f}  {e.key[:90]}")
-    return "\n".join(lines + gaps)
+    return "\n".join(lines + idle_lines)
 
 
 GAP_BOUNDS_US = (5, 20, 100, 1000)

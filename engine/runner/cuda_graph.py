@@ -102,8 +102,11 @@ class CUDAGraphRunner:
         pool = None
         keys: list[tuple[int, int | None]] = [(size, None) for size in reversed(self.sizes)]
         if self.lora_manager is not None:
-            tables = {n: graph_slot_tables(n, self.max_batch_loras) for n in self.sizes}
-            keys += [(n, t) for n in reversed(self.sizes) for t in reversed(tables[n])]
+            keys += [
+                (size, table)
+                for size in reversed(self.sizes)
+                for table in reversed(graph_slot_tables(size, self.max_batch_loras))
+            ]
         for size, slot_table in keys:
             ctx = self._context(size, slot_table)
             args = (self.input_ids[:size], self.positions[:size], ctx)
