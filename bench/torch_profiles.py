@@ -79,7 +79,7 @@ def kernel_totals_run(
         llm.generate(requests, params, lora_request=loras, use_tqdm=False)
         torch.cuda.synchronize()
         wall_s = time.perf_counter() - start
-    idle_lines = device_gaps(prof.events())
+    idle_lines = device_gaps(prof.events()) + kernel_sizes(prof.events())
     idle_lines.append(
         f"Host wall time of this run: {wall_s:.3f} s (the device's span above is within it)"
     )
@@ -135,4 +135,31 @@ def device_gaps(events: list, row_limit: int = 12) -> list[str]:
     for name, sizes in sorted(after.items(), key=lambda kv: -sum(kv[1]))[:row_limit]:
         total = sum(sizes)
         lines.append(f"{total / 1e3:10.1f} {len(sizes):7d} {total / len(sizes):8.1f}  {name}")
+    return lines
+
+
+SIZE_BOUNDS_US = (10, 30, 100, 300)
+
+
+def kernel_sizes(events: list, name_parts: tuple[str, ...] = ("lora", "silu")) -> list[str]:
+    """GPU time of the kernels whose name contains one of `name_parts`, by the duration of each
+    call: the short calls are decode-sized steps, the long ones prefill (a kernel's table row
+    alone mixes them)."""
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA and any(
+            part in e.name for part in name_parts
+        ):
+            by_name.setdefault(e.name[:40], []).append(e.time_range.end - e.time_range.start)
+    if not by_name:
+        return []
+    bounds = list(zip((0, *SIZE_BOUNDS_US), (*SIZE_BOUNDS_US, float("inf")), strict=True))
+    header = "".join(f"{f'{lo}-{hi} us':>20}" for lo, hi in bounds)
+    lines = ["", f"{'kernel (ms in calls of each duration, calls)':<40}{header}"]
+    for name, durations in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        cells = ""
+        for lo, hi in bounds:
+            sizes = [d for d in durations if lo <= d < hi]
+            cells += f"{sum(sizes) / 1e3:12.1f} {len(sizes):7d}"
+        lines.append(f"{name:<40}{cells}")
     return lines
