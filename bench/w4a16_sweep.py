@@ -7,6 +7,10 @@ and a bf16 matmul of the same shape. Then, per M, the candidate tiles with the l
 over the four projections: what `W4A16_TILES` (keyed by M alone) should hold, and whether
 dequantize-then-matmul wins there (`DEQUANT_MIN_M`).
 
+Each time is one replay of a CUDA graph of the call (the engine replays its decode steps as
+graphs: no host launch gaps, extra launches such as a split-K reduction still count), after
+do_bench's L2 flush. `--splits-only`: the table's tiles at split-K 1..16 instead of the grid.
+
 Correctness is not checked here: tests/kernels/test_w4a16_kernels.py runs on the GPU first.
 """
 
@@ -19,7 +23,7 @@ import json
 import math
 
 import torch
-from kernel_timing import bench_us
+from kernel_timing import graph_us
 from triton.runtime.errors import OutOfResources
 
 from loraplex.engine.model.quant.int4_layout import pack_int4
@@ -37,7 +41,9 @@ GROUP_SIZE = 128
 ROW_COUNTS = (1, 16, 64, 128, 256, 1024, 4096)
 
 
-def candidate_tiles(m: int) -> list[W4A16Tiles]:
+def candidate_tiles(m: int, splits_only: bool) -> list[W4A16Tiles]:
+    if splits_only:  # the table's tiles at each split-K
+        return [W4A16_TILES.lookup(m)._replace(split_k=s) for s in (1, 2, 4, 8, 16)]
     if m <= 64:
         block_m = 16 if m <= 16 else 64
         grid = itertools.product((64, 128), (64, 128, 256), (4, 8, 16), (2, 3, 4))
@@ -66,6 +72,9 @@ def main() -> int:
     )
     ap.add_argument("--json", help="write the timings here")
     ap.add_argument("--row-counts", default=",".join(map(str, ROW_COUNTS)))
+    ap.add_argument(
+        "--splits-only", action="store_true", help="candidates: the table's tiles at each split-K"
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a GPU")
@@ -83,14 +92,14 @@ def main() -> int:
             dense_w = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
             kloop = functools.partial(launch_w4a16_gemm, x, qw, sc, zr, None, GROUP_SIZE)
             row = {
-                "engine": bench_us(lambda: w4a16_gemm(x, qw, sc, zr, None, GROUP_SIZE)),  # noqa: B023
-                "table_tiles": bench_us(functools.partial(kloop, table)),
-                "dequant_matmul": bench_us(functools.partial(dequant_matmul, x, qw, sc, zr)),
-                "bf16_matmul": bench_us(functools.partial(torch.matmul, x, dense_w)),
+                "engine": graph_us(lambda: w4a16_gemm(x, qw, sc, zr, None, GROUP_SIZE)),  # noqa: B023
+                "table_tiles": graph_us(functools.partial(kloop, table)),
+                "dequant_matmul": graph_us(functools.partial(dequant_matmul, x, qw, sc, zr)),
+                "bf16_matmul": graph_us(functools.partial(torch.matmul, x, dense_w)),
             }
-            for tiles in candidate_tiles(m):
+            for tiles in candidate_tiles(m, args.splits_only):
                 try:
-                    t = bench_us(functools.partial(kloop, tiles))
+                    t = graph_us(functools.partial(kloop, tiles))
                 except OutOfResources:  # e.g. shared memory of deep pipelines of large tiles
                     t = math.inf
                 totals[tiles] = totals.get(tiles, 0.0) + t

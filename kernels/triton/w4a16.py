@@ -41,14 +41,19 @@ class W4A16Tiles(NamedTuple):
     num_warps: int
     split_k: int = 1  # programs along K; > 1 adds float32 partial sums
     num_stages: int = 3  # Triton's software pipelining depth of the K loop
+    # w4a16_gemm splits K less where the output tiles alone give this many programs (None:
+    # always split_k). Each split writes and reads back an [M, N] float32 partial.
+    split_k_programs: int | None = None
 
 
 # Tiles by the number of rows of x, from bench/w4a16_sweep.py on an H200 (Llama-3-8B
 # projections; sums over the four): the K loop for up to 64 rows, then dequantize + cuBLAS.
+# From 17 rows split-K follows the weight's width (`w4a16_tiles`): a wide weight has programs
+# enough without it, and its partials are then the larger cost.
 W4A16_TILES: TileTable[W4A16Tiles] = TileTable(
     (
         (16, W4A16Tiles(16, 128, 64, 4, 8)),
-        (sys.maxsize, W4A16Tiles(64, 128, 64, 4, 8)),
+        (sys.maxsize, W4A16Tiles(64, 128, 64, 4, 8, split_k_programs=512)),
     )
 )
 DEQUANT_MIN_M = 65  # from this many rows: dequantize W once, then cuBLAS
@@ -145,7 +150,19 @@ def w4a16_gemm(
         check_w4a16_args(x, qweight, scales, zeros, g_idx, group_size)
         w = w4a16_dequantize(qweight, scales, zeros, g_idx, group_size, x.dtype)  # [K, N]
         return torch.matmul(x, w)
-    return launch_w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size, W4A16_TILES.lookup(m))
+    tiles = w4a16_tiles(m, qweight.shape[1])
+    return launch_w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size, tiles)
+
+
+def w4a16_tiles(m: int, n: int) -> W4A16Tiles:
+    """The K loop's tiles for x of m rows and n output columns: the table's row, with split-K
+    cut to what fills `split_k_programs` programs where the row sets it."""
+    tiles = W4A16_TILES.lookup(m)
+    if tiles.split_k_programs is None:
+        return tiles
+    num_tiles = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
+    split_k = max(1, triton.cdiv(tiles.split_k_programs, num_tiles))
+    return tiles._replace(split_k=min(tiles.split_k, split_k))
 
 
 def check_w4a16_args(

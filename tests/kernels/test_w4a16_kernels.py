@@ -97,6 +97,16 @@ def test_triton_w4a16_default_tiles_and_strided_x(
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_split_k_follows_the_weight_width_from_17_rows() -> None:
+    """Decode-sized launches split K to fill the GPU: at 64 rows a wide weight (gate_up) has
+    enough output tiles for split 3, a narrow one keeps the table's 8; up to 16 rows always 8."""
+    from loraplex.kernels.triton.w4a16 import w4a16_tiles
+
+    assert [w4a16_tiles(64, n).split_k for n in (4096, 6144, 28672)] == [8, 8, 3]
+    assert [w4a16_tiles(m, 28672).split_k for m in (1, 16)] == [8, 8]
+    assert w4a16_tiles(64, 28672)._replace(split_k=8) == w4a16_tiles(64, 4096)
+
+
 def test_reference_dequantizes_by_the_documented_formula() -> None:
     x, qweight, scales, zeros, g_idx = w4a16_inputs(2, 32, 8, 16, True, torch.float32, "cpu")
     w = reference.dequantize_w4(qweight, scales, zeros, g_idx, 16)
