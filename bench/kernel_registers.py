@@ -60,10 +60,18 @@ SCALINGS_PTR = {"scalings_ptr": "*fp32"}
 
 
 def compile_for_hopper(
-    fn: Any, float_ptrs: dict[str, str], constexprs: dict[str, object], warps: int, stages: int
+    fn: Any,
+    float_ptrs: dict[str, str],
+    constexprs: dict[str, object],
+    warps: int,
+    stages: int,
+    divisible_ints: tuple[str, ...] = (),
 ) -> Any:
     """Triton's compiled kernel for sm_90; every other pointer is an int32 table, every other
-    scalar an i32."""
+    scalar an i32. As at a GPU launch, the pointers (torch's allocations) are known to be
+    16-byte aligned, and so are the integers named in `divisible_ints` (Triton specializes an
+    integer argument whose value is divisible by 16): without that, loads are not vectorized
+    and the counts mislead."""
     names = fn.arg_names
     signature = {
         n: "constexpr"
@@ -72,7 +80,13 @@ def compile_for_hopper(
         for n in names
     }
     consts = {(names.index(n),): v for n, v in constexprs.items()}
-    source = ASTSource(fn=fn, signature=signature, constexprs=consts)
+    aligned = [
+        i
+        for i, n in enumerate(names)
+        if n not in constexprs and (n.endswith("_ptr") or n in divisible_ints)
+    ]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    source = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     return triton.compile(source, target=HOPPER, options={"num_warps": warps, "num_stages": stages})
 
 
