@@ -57,6 +57,25 @@ SILU_LORA_PTRS = {
     "lora_out_ptr": "*fp32",
 }
 SCALINGS_PTR = {"scalings_ptr": "*fp32"}
+# Integer arguments that are multiples of 16 at the Llama-3-8B shapes (widths, page sizes,
+# strides), which Triton specializes at a launch: the kernels are compiled knowing it.
+DIVISIBLE_INTS = (
+    "in_dim",
+    "intermediate",
+    "page_size",
+    "slice_end_0",
+    "slice_end_1",
+    "slice_end_2",
+    "stride_xm",
+    "stride_x",
+    "stride_ym",
+    "stride_out",
+    "stride_ls",
+    "stride_lm",
+    "stride_os",
+    "stride_om",
+    "stride_pp",
+)
 
 
 def compile_for_hopper(
@@ -131,7 +150,12 @@ def shrink_row(bound: int, tiles: ShrinkTiles, num_slots: int) -> None:
         DOT_PRECISION="tf32",
     )
     compiled = compile_for_hopper(
-        _lora_shrink_kernel, SHRINK_PTRS, constexprs, tiles.num_warps, tiles.num_stages
+        _lora_shrink_kernel,
+        SHRINK_PTRS,
+        constexprs,
+        tiles.num_warps,
+        tiles.num_stages,
+        DIVISIBLE_INTS,
     )
     report(f"shrink <= {bound} tokens {tiles.block_m}x{tiles.block_k}", compiled, tiles.num_warps)
 
@@ -155,7 +179,9 @@ def expand_row(
 ) -> None:
     constexprs = expand_constexprs(bound, tiles, num_slots)
     ptrs = float_ptrs | SCALINGS_PTR
-    compiled = compile_for_hopper(fn, ptrs, constexprs, tiles.num_warps, tiles.num_stages)
+    compiled = compile_for_hopper(
+        fn, ptrs, constexprs, tiles.num_warps, tiles.num_stages, DIVISIBLE_INTS
+    )
     runs = "" if tiles.target_programs is None else f" runs/{tiles.target_programs}"
     what = f"{label} <= {bound} tokens {tiles.block_m}x{tiles.block_n}{runs}"
     report(what, compiled, tiles.num_warps)
