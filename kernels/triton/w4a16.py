@@ -160,9 +160,10 @@ def w4a16_tiles(m: int, n: int) -> W4A16Tiles:
     tiles = W4A16_TILES.lookup(m)
     if tiles.split_k_programs is None:
         return tiles
-    num_tiles = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
-    split_k = max(1, triton.cdiv(tiles.split_k_programs, num_tiles))
-    return tiles._replace(split_k=min(tiles.split_k, split_k))
+    num_tiles = max(1, triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n))  # n may be 0
+    return tiles._replace(
+        split_k=min(tiles.split_k, triton.cdiv(tiles.split_k_programs, num_tiles))
+    )
 
 
 def check_w4a16_args(

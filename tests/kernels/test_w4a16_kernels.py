@@ -105,6 +105,16 @@ def test_split_k_follows_the_weight_width_from_17_rows() -> None:
     assert [w4a16_tiles(64, n).split_k for n in (4096, 6144, 28672)] == [8, 8, 3]
     assert [w4a16_tiles(m, 28672).split_k for m in (1, 16)] == [8, 8]
     assert w4a16_tiles(64, 28672)._replace(split_k=8) == w4a16_tiles(64, 4096)
+    assert w4a16_tiles(64, 0).split_k == 8  # an empty weight: no tiles to divide by
+
+
+def test_triton_w4a16_empty_shapes(triton_kernels: ModuleType, device: torch.device) -> None:
+    for m, n in ((0, 32), (20, 0)):  # no rows; no output columns (at a row count that splits K)
+        x = torch.randn(m, 64, device=device)
+        qweight = torch.zeros(8, n, dtype=torch.int32, device=device)
+        scales = torch.ones(2, n, dtype=torch.float16, device=device)
+        zeros = torch.zeros(2, n, dtype=torch.uint8, device=device)
+        assert triton_kernels.w4a16_gemm(x, qweight, scales, zeros, None, 32).shape == (m, n)
 
 
 def test_reference_dequantizes_by_the_documented_formula() -> None:
