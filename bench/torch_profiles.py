@@ -99,6 +99,11 @@ def kernel_totals_run(
 GAP_BOUNDS_US = (5, 20, 100, 1000)
 
 
+def _ranges(bounds: tuple[int, ...]) -> list[tuple[float, float]]:
+    """[lo, hi) ranges from 0 through the bounds to infinity: (5, 20) -> 0-5, 5-20, 20-inf."""
+    return list(zip((0, *bounds), (*bounds, float("inf")), strict=True))
+
+
 def device_gaps(events: list, row_limit: int = 12) -> list[str]:
     """Where the device sat idle during the run: the span from the first kernel (or copy) to
     the last, less the union of their intervals (side-stream kernels overlap the main
@@ -125,7 +130,7 @@ def device_gaps(events: list, row_limit: int = 12) -> list[str]:
         f"Device idle: {idle / 1e6:.3f} s of the {span / 1e6:.3f} s from the first kernel to the "
         f"last ({len(gaps)} gaps)",
     ]
-    for lo, hi in zip((0, *GAP_BOUNDS_US), (*GAP_BOUNDS_US, float("inf")), strict=True):
+    for lo, hi in _ranges(GAP_BOUNDS_US):
         sizes = [g for g, _ in gaps if lo <= g < hi]
         lines.append(f"  gaps of {lo}-{hi} us: {len(sizes):7d}, {sum(sizes) / 1e3:9.1f} ms")
     after: dict[str, list[float]] = {}
@@ -153,7 +158,7 @@ def kernel_sizes(events: list, name_parts: tuple[str, ...] = ("lora", "silu")) -
             by_name.setdefault(e.name[:40], []).append(e.time_range.end - e.time_range.start)
     if not by_name:
         return []
-    bounds = list(zip((0, *SIZE_BOUNDS_US), (*SIZE_BOUNDS_US, float("inf")), strict=True))
+    bounds = _ranges(SIZE_BOUNDS_US)
     header = "".join(f"{f'{lo}-{hi} us':>20}" for lo, hi in bounds)
     lines = ["", f"{'kernel (ms in calls of each duration, calls)':<40}{header}"]
     for name, durations in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
