@@ -91,6 +91,19 @@ def run_hf(
     return elapsed
 
 
+# The caching allocator's counters that mean a device-wide wait or a driver call: a retry frees
+# the cache (synchronizing the device) and allocates again.
+ALLOCATOR_EVENTS = ("num_alloc_retries", "num_device_alloc", "num_device_free")
+
+
+def allocator_events(device: str) -> dict[str, int]:
+    """The CUDA caching allocator's counters of ALLOCATOR_EVENTS so far (empty off CUDA)."""
+    if device != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {name: stats.get(name, 0) for name in ALLOCATOR_EVENTS}
+
+
 def run_engine(
     llm: LLM,
     prompts: list[list[int]],
@@ -98,9 +111,10 @@ def run_engine(
     loras: list[LoRARequest | None],
     device: str,
     warm_up: bool = True,
-) -> tuple[float, float]:
-    """(seconds of one timed run, of which the engine waited on the GPU's tokens; the rest is
-    host work and launches that blocked on CUDA's full launch queue)."""
+) -> tuple[float, float, dict[str, int]]:
+    """(seconds of one timed run, of which the engine waited on the GPU's tokens (the rest is
+    host work and launches that blocked on CUDA's full launch queue), the allocator's
+    `allocator_events` during the run)."""
     params = SamplingParams(
         max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False
     )
@@ -109,12 +123,14 @@ def run_engine(
         llm.generate(requests, params, lora_request=loras, use_tqdm=False)
     sync(device)
     waited = llm.engine.get_stats().result_wait_seconds
+    events = allocator_events(device)
     start = time.perf_counter()
     outs = llm.generate(requests, params, lora_request=loras, use_tqdm=False)
     sync(device)
     seconds = time.perf_counter() - start
     assert all(len(o.outputs[0].token_ids) == output_len for o in outs)
-    return seconds, llm.engine.get_stats().result_wait_seconds - waited
+    events = {k: v - events[k] for k, v in allocator_events(device).items()}
+    return seconds, llm.engine.get_stats().result_wait_seconds - waited, events
 
 
 def weights_bytes(llm: LLM) -> tuple[int, int]:
@@ -137,9 +153,11 @@ def step_breakdown(
     loras: list[LoRARequest | None],
     device: str,
     decode_profile: cProfile.Profile | None = None,
+    prefill_profile: cProfile.Profile | None = None,
 ) -> dict:
     """Per-step wall time, split into prefill-carrying steps and pure decode steps (profiled
-    with `decode_profile`, if given: where the host time of a decode step goes)."""
+    with `decode_profile` and `prefill_profile`, if given: where the host time of each kind of
+    step goes; time waiting on the GPU's tokens shows as the engine's result wait)."""
     engine = llm.engine
     params = SamplingParams(
         max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False
@@ -158,7 +176,7 @@ def step_breakdown(
             )
             and not engine.scheduler.waiting
         )
-        profile = decode_profile if is_decode else None
+        profile = decode_profile if is_decode else prefill_profile
         if profile is not None:
             profile.enable()
         start = time.perf_counter()
@@ -236,6 +254,9 @@ def main() -> None:
         "--kernel-totals", help="write the GPU kernel time of one whole run, per kernel, here"
     )
     ap.add_argument("--decode-profile", help="write cProfile tables of the decode steps here")
+    ap.add_argument(
+        "--prefill-profile", help="write cProfile tables of the prefill-carrying steps here"
+    )
     args = ap.parse_args()
 
     dtype_name = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
@@ -327,25 +348,32 @@ def main() -> None:
     order = [c for _ in range(args.repeats) for c in counts]
     timings: dict[int, list[float]] = {count: [] for count in counts}
     waits: dict[int, list[float]] = {count: [] for count in counts}
+    allocs: dict[int, list[dict[str, int]]] = {count: [] for count in counts}
     breakdowns: dict[int, dict] = {}
     for i, count in enumerate(order):
-        seconds, waited = run_engine(
+        seconds, waited, events = run_engine(
             llm, prompts, args.output_len, workloads[count], args.device, warm_up=not timings[count]
         )
         timings[count].append(seconds)
         waits[count].append(waited)
+        allocs[count].append(events)
         if count in order[i + 1 :] or args.skip_breakdown:
             continue
         # This count's last round: its per-step breakdown, while its adapters are resident.
-        profile = cProfile.Profile() if args.decode_profile else None
+        profiles = {
+            kind: (cProfile.Profile(), path)
+            for kind, path in (("decode", args.decode_profile), ("prefill", args.prefill_profile))
+            if path
+        }
         breakdowns[count] = step_breakdown(
-            llm, prompts, args.output_len, workloads[count], args.device, profile
-        )
-        if profile is not None:
+            llm, prompts, args.output_len, workloads[count], args.device,
+            *(profiles[kind][0] if kind in profiles else None for kind in ("decode", "prefill")),
+        )  # fmt: skip
+        for kind, (profile, path) in profiles.items():
             text = io.StringIO()
             pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
-            with open(args.decode_profile, "a") as f:
-                f.write(f"=== {count} adapters: decode steps ===\n{text.getvalue()}\n")
+            with open(path, "a") as f:
+                f.write(f"=== {count} adapters: {kind} steps ===\n{text.getvalue()}\n")
     base_tok_s = None
     for count in counts:
         loras = workloads[count]
@@ -367,6 +395,7 @@ def main() -> None:
             "ratio_to_no_adapter": tok_s / base_tok_s,
             "seconds_each_round": timings[count],
             "result_wait_seconds_each_round": waits[count],
+            "allocator_events_each_round": allocs[count],
             **breakdown,
         }
         line = f"Loraplex, {count:3d} adapters (rank {args.lora_rank}): {tok_s:9.1f} output tok/s"
@@ -384,6 +413,8 @@ def main() -> None:
             f"{w / t:.2f}" for w, t in zip(waits[count], timings[count], strict=True)
         )
         print(f"    share of each round waiting on the device: {shares}", flush=True)
+        if args.device == "cuda":  # a retry or a driver call inside a timed round
+            print(f"    allocator events in each round: {allocs[count]}", flush=True)
         if breakdown:
             print(
                 f"    steps: {breakdown['prefill_steps']} with prefill "
