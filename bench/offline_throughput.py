@@ -24,18 +24,16 @@ shard, and on CUDA `gpu_peak_bytes_rank0` is rank 0's peak memory. Not run on GP
 from __future__ import annotations
 
 import argparse
-import cProfile
 import dataclasses
 import gc
-import io
 import json
-import pstats
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from step_breakdown import step_breakdown  # noqa: E402
 from torch_profiles import kernel_totals_run, torch_profile_decode  # noqa: E402
 from workload import synthetic_prompts, write_random_adapter, write_shape_checkpoint  # noqa: E402
 
@@ -144,56 +142,6 @@ def weights_bytes(llm: LLM) -> tuple[int, int]:
         for t in (*m.parameters(), *m.buffers())
     )
     return total, linear
-
-
-def step_breakdown(
-    llm: LLM,
-    prompts: list[list[int]],
-    output_len: int,
-    loras: list[LoRARequest | None],
-    device: str,
-    decode_profile: cProfile.Profile | None = None,
-    prefill_profile: cProfile.Profile | None = None,
-) -> dict:
-    """Per-step wall time, split into prefill-carrying steps and pure decode steps (profiled
-    with `decode_profile` and `prefill_profile`, if given: where the host time of each kind of
-    step goes; time waiting on the GPU's tokens shows as the engine's result wait)."""
-    engine = llm.engine
-    params = SamplingParams(
-        max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False
-    )
-    for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
-        engine.add_request(f"prof{i}", {"prompt_token_ids": prompt}, params, lora_request=lora)
-    prefill_s, decode_s, decode_steps, prefill_steps = 0.0, 0.0, 0, 0
-    sync(device)
-    # No sync between steps: with async scheduling a step() call launches one step and
-    # collects the one before, so in a steady run each call lasts one step of the GPU's.
-    while engine.has_unfinished_requests():
-        is_decode = (
-            all(
-                r.num_computed_tokens == r.num_tokens_with_placeholders - 1
-                for r in engine.scheduler.running
-            )
-            and not engine.scheduler.waiting
-        )
-        profile = decode_profile if is_decode else prefill_profile
-        if profile is not None:
-            profile.enable()
-        start = time.perf_counter()
-        engine.step()
-        elapsed = time.perf_counter() - start
-        if profile is not None:
-            profile.disable()
-        if is_decode:
-            decode_s, decode_steps = decode_s + elapsed, decode_steps + 1
-        else:
-            prefill_s, prefill_steps = prefill_s + elapsed, prefill_steps + 1
-    return {
-        "prefill_steps": prefill_steps,
-        "prefill_s": prefill_s,
-        "decode_steps": decode_steps,
-        "decode_step_ms": 1000 * decode_s / max(decode_steps, 1),
-    }
 
 
 def main() -> None:
@@ -360,20 +308,11 @@ def main() -> None:
         if count in order[i + 1 :] or args.skip_breakdown:
             continue
         # This count's last round: its per-step breakdown, while its adapters are resident.
-        profiles = {
-            kind: (cProfile.Profile(), path)
-            for kind, path in (("decode", args.decode_profile), ("prefill", args.prefill_profile))
-            if path
-        }
+        profiles = {"decode": args.decode_profile, "prefill": args.prefill_profile}
         breakdowns[count] = step_breakdown(
-            llm, prompts, args.output_len, workloads[count], args.device,
-            *(profiles[kind][0] if kind in profiles else None for kind in ("decode", "prefill")),
+            llm, prompts, args.output_len, workloads[count], args.device, profiles,
+            f"{count} adapters",
         )  # fmt: skip
-        for kind, (profile, path) in profiles.items():
-            text = io.StringIO()
-            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
-            with open(path, "a") as f:
-                f.write(f"=== {count} adapters: {kind} steps ===\n{text.getvalue()}\n")
     base_tok_s = None
     for count in counts:
         loras = workloads[count]
