@@ -16,14 +16,12 @@ Prints us per layer per candidate, the table's row first; `--json` writes them.
 The tables' rows below 2,048 tokens also serve steps of many adapters: check a change there
 with bench/lora_many_tiles.py too.
 
-    python3 bench/lora_step_tiles.py [--tokens 4096 --run 512] [--table-only | --all-slices]
-        [--json out.json]
+    python3 bench/lora_step_tiles.py [--tokens 4096 --run 512] [--table-only] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import itertools
 import json
@@ -61,18 +59,6 @@ def shrink_candidates(num_tokens: int) -> list[ShrinkTiles]:
     return [
         ShrinkTiles(m, block_k=k, k_chunk=c, max_block_n=64, num_warps=w, num_stages=s)
         for m, k, c, w, s in grid
-    ]
-
-
-def all_slices_candidates(num_tokens: int) -> list[ShrinkTiles]:
-    """The table row with every slice in one program (rank tiles of 16, so q/k/v take 64
-    columns), then around it: chunks of in_dim and steps of the k loop."""
-    row = dataclasses.replace(SHRINK_TILES.lookup(num_tokens), all_slices=True, max_block_n=16)
-    chunks = (row.k_chunk // 2, row.k_chunk, row.k_chunk * 2)
-    return [row] + [
-        dataclasses.replace(row, block_k=k, k_chunk=c)
-        for k, c in itertools.product((64, 128), chunks)
-        if c % k == 0 and (k, c) != (row.block_k, row.k_chunk)
     ]
 
 
@@ -122,11 +108,6 @@ def main() -> int:
     ap.add_argument("--run", type=int, default=512, help="consecutive tokens of one adapter")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--table-only", action="store_true", help="time the tables' rows alone")
-    ap.add_argument(
-        "--all-slices",
-        action="store_true",
-        help="shrink: the table's row against its all-slices forms only (expand: the row alone)",
-    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("lora_step_tiles needs a CUDA GPU", file=sys.stderr)
@@ -172,9 +153,7 @@ def main() -> int:
     results: dict[str, object] = {"copy_us": copy_us}
     shrinks = [SHRINK_TILES.lookup(num_tokens)]
     expands = [EXPAND_TILES.lookup(num_tokens)]
-    if args.all_slices:
-        shrinks += all_slices_candidates(num_tokens)
-    elif not args.table_only:
+    if not args.table_only:
         shrinks += shrink_candidates(num_tokens)
         expands += expand_candidates(num_tokens)
     swept = {

@@ -22,16 +22,6 @@ the last tile, or whose rank tile starts at or past their adapter's rank, return
 BLOCK_N is max_rank rounded up to a power of two, capped per tile row (`max_block_n`); rows of A
 past the adapter's rank are masked (never read).
 
-All slices in one program (`ShrinkTiles.all_slices`): a program then shrinks its x tile for
-every slice of the launch at once, one dot against the slices' rows of A side by side (columns
-slice-major, each slice's rank tile BLOCK_N wide, the slice count rounded up to a power of two):
-
-    columns  [ q: rank rows n_start.. | k: .. | v: .. | (pad) ]     grid = (1, ..., tiles)
-
-so x is read once per tile, not once per slice. Its tiles are `slot_tile`'s (every active
-slot); columns past a slot's rank for their slice are masked, and a program with none left
-returns at once.
-
 Paged rows (`lora_pages.py`): a row of A (in_dim elements) lies whole in one page when it fits
 one, so each rank row of the tile finds its page once and the k loop walks contiguous memory, as
 with a dense A; rows longer than a page (SPLIT_ROWS) find their page per element.
@@ -79,7 +69,6 @@ from loraplex.kernels.triton.lora_segments import (
     segment_grid,
     segment_tile,
     segment_token_ids,
-    slot_tile,
 )
 from loraplex.kernels.triton.tile_table import TileTable, check_dot_tiles
 
@@ -94,10 +83,9 @@ class ShrinkTiles:
     block_m: int  # token rows per program
     block_k: int  # in_dim step of the inner loop
     k_chunk: int  # in_dim per program (split-K); a multiple of block_k
-    max_block_n: int  # rank rows per slice: max_rank rounded up to a power of 2, capped
+    max_block_n: int  # rank columns per program: max_rank rounded up to a power of 2, capped
     num_warps: int
     num_stages: int
-    all_slices: bool = False  # one program per x tile for every slice (module docstring)
 
     def __post_init__(self) -> None:
         check_dot_tiles(block_m=self.block_m, block_k=self.block_k, max_block_n=self.max_block_n)
@@ -131,7 +119,6 @@ def _lora_shrink_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     in_dim,
     page_size,
-    num_slices,
     num_rank_tiles,
     stride_xm,
     stride_pp,
@@ -141,8 +128,7 @@ def _lora_shrink_kernel(  # type: ignore[no-untyped-def]
     stride_os,
     stride_om,
     BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # rank rows of A per slice
-    SLICES_PER_PROGRAM: tl.constexpr,  # 1, or every slice of the launch (a power of two)
+    BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     K_CHUNK: tl.constexpr,
     SLOTS: tl.constexpr,
@@ -152,65 +138,52 @@ def _lora_shrink_kernel(  # type: ignore[no-untyped-def]
 ):
     pid_k = tl.program_id(1) // num_rank_tiles
     n_start = (tl.program_id(1) % num_rank_tiles) * BLOCK_N
+    slice_id = tl.program_id(0)
     tile_id = tl.program_id(2)
     past, num_active = past_last_tile(tile_id, slot_start_loc_ptr, num_active_slots_ptr, BLOCK_M)
     if past:
         return
-    if SLICES_PER_PROGRAM == 1:  # program_id(0) is the slice: tiles of the slots it adapts
-        first_slice = tl.program_id(0)
-        adapter, m_start, seg_end, _ = segment_tile(
-            tile_id,
-            slot_start_loc_ptr,
-            slot_adapters_ptr,
-            lora_ranks_ptr + first_slice * stride_rs,
-            num_active,
-            BLOCK_M,
-            SLOTS,
-        )
-    else:  # every slice: tiles of every active slot
-        first_slice = 0
-        adapter, m_start, seg_end = slot_tile(
-            tile_id, slot_start_loc_ptr, slot_adapters_ptr, num_active, BLOCK_M, SLOTS
-        )
-    # Columns of the tile: SLICES_PER_PROGRAM slices side by side, BLOCK_N rank rows each.
-    cols = tl.arange(0, SLICES_PER_PROGRAM * BLOCK_N)
-    col_slice = first_slice + cols // BLOCK_N  # [N] the slice of each column
-    offs_n = n_start + cols % BLOCK_N  # [N] its row of A (the rank)
-    in_launch = col_slice < num_slices
-    ranks = tl.load(lora_ranks_ptr + col_slice * stride_rs + adapter, mask=in_launch, other=0)
-    firsts = tl.load(first_page_ptr + col_slice * stride_fs + adapter, mask=in_launch, other=0)
-    mask_n = offs_n < ranks
-    if (m_start >= seg_end) | (tl.max(mask_n.to(tl.int32), 0) == 0):
-        return  # also covers every rank 0, and rank tiles past the ranks
+    adapter, m_start, seg_end, rank = segment_tile(
+        tile_id,
+        slot_start_loc_ptr,
+        slot_adapters_ptr,
+        lora_ranks_ptr + slice_id * stride_rs,
+        num_active,
+        BLOCK_M,
+        SLOTS,
+    )
+    if (m_start >= seg_end) | (n_start >= rank):
+        return  # also covers rank == 0
 
     token_ids, mask_m = segment_token_ids(sorted_token_ids_ptr, m_start, seg_end, BLOCK_M)
+    offs_n = n_start + tl.arange(0, BLOCK_N)  # rows of A (the rank)
+    mask_n = offs_n < rank
+    first = tl.load(first_page_ptr + slice_id * stride_fs + adapter)
     adapter_pages = page_table_ptr + adapter.to(tl.int64) * stride_pt
     offs_k = tl.arange(0, BLOCK_K)
     k_start = pid_k * K_CHUNK
     x_ptrs = x_ptr + token_ids[:, None] * stride_xm + (k_start + offs_k)[None, :]
     if SPLIT_ROWS:
-        row_base = tl.zeros((SLICES_PER_PROGRAM * BLOCK_N,), dtype=tl.int64)  # unused
+        row_base = tl.zeros((BLOCK_N,), dtype=tl.int64)  # unused: pages found per element
     else:
-        row_base = page_rows(adapter_pages, firsts, offs_n, mask_n, in_dim, page_size, stride_pp)
-    acc = tl.zeros((BLOCK_M, SLICES_PER_PROGRAM * BLOCK_N), dtype=tl.float32)
+        row_base = page_rows(adapter_pages, first, offs_n, mask_n, in_dim, page_size, stride_pp)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(K_CHUNK // BLOCK_K):
         k = k_start + step * BLOCK_K + offs_k  # [BLOCK_K] columns of A
         mask_k = k < in_dim
         x = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         mask_a = mask_k[:, None] & mask_n[None, :]
-        if SPLIT_ROWS:  # A read transposed, pages found per element: [BLOCK_K, N]
+        if SPLIT_ROWS:  # A read transposed: [BLOCK_K, BLOCK_N]
             a_ptrs = matrix_ptrs(
-                pages_ptr, adapter_pages, firsts[None, :], offs_n[None, :], k[:, None], mask_a,
-                in_dim, page_size, stride_pp,
+                pages_ptr, adapter_pages, first, offs_n[None, :], k[:, None], mask_a, in_dim,
+                page_size, stride_pp,
             )  # fmt: skip
         else:
             a_ptrs = pages_ptr + row_base[None, :] + k[:, None]
         a = tl.load(a_ptrs, mask=mask_a, other=0.0)
         acc = tl.dot(x, a, acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
-    out_ptrs = (
-        out_ptr + col_slice[None, :] * stride_os + token_ids[:, None] * stride_om + offs_n[None, :]
-    )
+    out_ptrs = out_ptr + slice_id * stride_os + token_ids[:, None] * stride_om + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     if USE_ATOMIC:
         tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
@@ -322,8 +295,7 @@ def launch_lora_shrink(
     split_k = triton.cdiv(in_dim, k_chunk)
     block_n = rank_block(max_rank, tiles.max_block_n)
     num_rank_tiles = triton.cdiv(max_rank, block_n)
-    slices_per_program = triton.next_power_of_2(num_slices) if tiles.all_slices else 1
-    grid = (triton.cdiv(num_slices, slices_per_program), split_k * num_rank_tiles, num_tiles)
+    grid = (num_slices, split_k * num_rank_tiles, num_tiles)
     page_size = pages.shape[1]
     _lora_shrink_kernel[grid](
         x,
@@ -338,7 +310,6 @@ def launch_lora_shrink(
         out,
         in_dim,
         page_size,
-        num_slices,
         num_rank_tiles,
         x.stride(0),
         pages.stride(0),
@@ -349,7 +320,6 @@ def launch_lora_shrink(
         out.stride(1),
         BLOCK_M=tiles.block_m,
         BLOCK_N=block_n,
-        SLICES_PER_PROGRAM=slices_per_program,
         BLOCK_K=tiles.block_k,
         K_CHUNK=k_chunk,
         SLOTS=slots,

@@ -43,21 +43,13 @@ from tests.kernels.lora_inputs import (
 )
 
 # Tiles passed explicitly: each table row, and shapes no row has. "split-k" splits the inputs'
-# in_dim (200) over 7 programs, the last one partial, with rank tiles up to 64; "all-slices" has
-# one program shrink every slice of its tile, "all-slices-rank-tiles" too, with split-K and rank
-# tiles of 16 (several per slice where a rank is larger); "wide-rank-steps"
+# in_dim (200) over 7 programs, the last one partial, with rank tiles up to 64; "wide-rank-steps"
 # walks ranks in steps of up to 64 over narrow column tiles; "column-runs" has each program walk
 # a run of column tiles (every column of its slice at target_programs 1; runs of 2-3 at 5), the
 # way a decode step of many adapters runs.
 SHRINK_VARIANTS: dict[str, ShrinkTiles] = {
     **{f"row{i}": tiles for i, (_, tiles) in enumerate(SHRINK_TILES.rows)},
     "split-k": ShrinkTiles(16, block_k=16, k_chunk=32, max_block_n=64, num_warps=4, num_stages=2),
-    "all-slices": ShrinkTiles(
-        16, block_k=32, k_chunk=256, max_block_n=64, num_warps=4, num_stages=2, all_slices=True
-    ),
-    "all-slices-rank-tiles": ShrinkTiles(
-        16, block_k=16, k_chunk=32, max_block_n=16, num_warps=4, num_stages=2, all_slices=True
-    ),
 }
 EXPAND_VARIANTS: dict[str, ExpandTiles] = {
     **{f"row{i}": tiles for i, (_, tiles) in enumerate(EXPAND_TILES.rows)},
