@@ -45,6 +45,15 @@ class _Resident:
 
 
 @dataclass(frozen=True)
+class SliceRows:
+    """Rows of the device tables for a range of slices: views, [num_slices, max_resident]."""
+
+    first_a: torch.Tensor
+    first_b: torch.Tensor
+    ranks: torch.Tensor
+
+
+@dataclass(frozen=True)
 class ShardUpload:
     """One adapter's upload as a tensor-parallel worker makes it: its shard's pages, into the
     same blocks and table row as rank 0's (engine/distributed/)."""
@@ -76,6 +85,20 @@ class AdapterTables:
         self.first_b = torch.zeros(NUM_SLICES, max_resident, dtype=torch.int32, device=device)
         self.ranks = torch.zeros(NUM_SLICES, max_resident, dtype=torch.int32, device=device)
         self.scalings = torch.zeros(max_resident, dtype=torch.float32, device=device)
+        # Views the LoRA launches take at every layer of every step, made once: a view costs
+        # the host a few microseconds, and a step launches hundreds. The tables are only ever
+        # written in place, so the views stay theirs.
+        self.layer_pages = pages.unbind(0)  # num_layers x [num_blocks, page_size]
+        self._slice_rows: dict[tuple[int, int], SliceRows] = {}
+
+    def slice_rows(self, slices: slice) -> SliceRows:
+        """The tables' rows of a contiguous range of slices (a projection's), as cached views."""
+        key = (slices.start, slices.stop)
+        rows = self._slice_rows.get(key)
+        if rows is None:
+            rows = SliceRows(self.first_a[slices], self.first_b[slices], self.ranks[slices])
+            self._slice_rows[key] = rows
+        return rows
 
     def write(
         self,

@@ -159,12 +159,13 @@ class LoRABatch:
             side.wait_stream(torch.cuda.current_stream(x.device))  # x and the memset are ready
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             pool = self.pool
+            rows = pool.slice_rows(slices)
             lora_shrink(
                 x,
-                pool.pages[layer_idx],
+                pool.layer_pages[layer_idx],
                 pool.page_table,
-                pool.first_a[slices],
-                pool.ranks[slices],
+                rows.first_a,
+                rows.ranks,
                 self.slot_adapters,
                 self.num_active_slots,
                 self.sorted_token_ids,
@@ -218,12 +219,13 @@ class LoRABatch:
     def _expand_tables(self, shrunk: LoRAShrunk) -> tuple[torch.Tensor, ...]:
         """The expand's arguments between lora_out and y: the layer's pages, B's tables for the
         shrink's slices, the scalings and the step's mapping."""
-        pool, rows = self.pool, shrunk.slices
+        pool = self.pool
+        rows = pool.slice_rows(shrunk.slices)
         return (
-            pool.pages[shrunk.layer_idx],
+            pool.layer_pages[shrunk.layer_idx],
             pool.page_table,
-            pool.first_b[rows],
-            pool.ranks[rows],
+            rows.first_b,
+            rows.ranks,
             pool.scalings,
             self.slot_adapters,
             self.num_active_slots,

@@ -11,9 +11,11 @@ OP = "fp8_scaled_mm"
 FP8_ALIGNMENT = 16  # cuBLASLt's FP8 GEMM needs K and N multiples of 16
 
 
-def check(op: str, cond: bool, msg: str) -> None:
+def check(op: str, cond: bool, msg: str, *args: object) -> None:
+    """Raise ValueError("op: msg % args") unless `cond`. The message is formatted only on
+    failure: launchers check every launch, and eager f-strings cost more than the checks."""
     if not cond:
-        raise ValueError(f"{op}: {msg}")
+        raise ValueError(f"{op}: {msg % args if args else msg}")
 
 
 def fp8_scaled_mm(
@@ -26,8 +28,8 @@ def fp8_scaled_mm(
     """-> y [M, N] in out_dtype. cuBLAS writes bfloat16 (the only output type of row-wise
     scaling); other dtypes are cast from it."""
     (m, k), (n, k_w) = x_fp8.shape, w_fp8.shape
-    check(OP, k == k_w, f"x has K={k}, w has K={k_w}")
-    check(OP, k % FP8_ALIGNMENT == 0 and n % FP8_ALIGNMENT == 0, f"K={k}, N={n} not x16")
+    check(OP, k == k_w, "x has K=%s, w has K=%s", k, k_w)
+    check(OP, k % FP8_ALIGNMENT == 0 and n % FP8_ALIGNMENT == 0, "K=%s, N=%s not x16", k, n)
     check(OP, x_fp8.is_contiguous() and w_fp8.is_contiguous(), "x and w must be contiguous")
     check(OP, tuple(x_scale.shape) == (m, 1) and x_scale.dtype == torch.float32, "x_scale [M, 1]")
     check(OP, tuple(w_scale.shape) == (n,) and w_scale.dtype == torch.float32, "w_scale [N]")

@@ -72,9 +72,9 @@ def _quantize_fp8_per_token_kernel(  # type: ignore[no-untyped-def]
 
 def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (x_fp8 [M, K] float8_e4m3fn, x_scale [M, 1] float32)."""
-    check(OP, x.dim() == 2, f"x must be [num_tokens, K], got {tuple(x.shape)}")
+    check(OP, x.dim() == 2, "x must be [num_tokens, K], got %s", tuple(x.shape))
     m, k = x.shape
-    check(OP, 0 < k <= MAX_K, f"K={k} outside 1..{MAX_K}")
+    check(OP, 0 < k <= MAX_K, "K=%s outside 1..%s", k, MAX_K)
     check(OP, x.stride(-1) == 1, "x needs a contiguous last dim")
     out = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)

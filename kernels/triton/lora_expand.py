@@ -269,7 +269,7 @@ def _check_args(
     check(OP, lora_out.dim() == 3 and pages.dim() == 2 and y.dim() == 2, "bad tensor ranks")
     num_slices, num_tokens, _ = lora_out.shape
     check(OP, len(slice_sizes) == num_slices, "one slice size per lora_out slice")
-    check(OP, num_slices <= MAX_SLICES, f"at most {MAX_SLICES} slices per launch")
+    check(OP, num_slices <= MAX_SLICES, "at most %s slices per launch", MAX_SLICES)
     check(OP, y.shape[0] == num_tokens, "y and lora_out must have the same number of tokens")
     total_out = sum(slice_sizes)
     check(OP, y_offset >= 0 and y_offset + total_out <= y.shape[1], "y_offset out of range")

@@ -156,8 +156,8 @@ def check_lora_mapping(
     check(op, page_table.dim() == 2, "page_table must be [num_adapters, max_pages]")
     num_adapters = page_table.shape[0]
     shape = (num_slices, num_adapters)
-    check(op, first_page.shape == shape, f"first_page must be {list(shape)}")
-    check(op, lora_ranks.shape == shape, f"lora_ranks must be {list(shape)}")
+    check(op, first_page.shape == shape, "first_page must be [%s, %s]", *shape)
+    check(op, lora_ranks.shape == shape, "lora_ranks must be [%s, %s]", *shape)
     num_slots = slot_adapters.shape[0]
     check(op, sorted_token_ids.shape == (num_tokens,), "sorted_token_ids must be [num_tokens]")
     check(op, slot_start_loc.shape == (num_slots + 1,), "slot_start_loc must be [num_slots + 1]")
@@ -168,10 +168,10 @@ def check_lora_mapping(
         ("slot_adapters", slot_adapters),
         ("num_active_slots", num_active_slots),
     ):
-        check(op, t.dtype == torch.int32 and t.is_contiguous(), f"{name} must be contiguous int32")
+        check(op, t.dtype == torch.int32 and t.is_contiguous(), "%s must be contiguous int32", name)
     for name, t in (
         ("page_table", page_table),
         ("first_page", first_page),
         ("lora_ranks", lora_ranks),
     ):
-        check(op, t.dtype == torch.int32 and t.stride(1) == 1, f"{name} must be int32 rows")
+        check(op, t.dtype == torch.int32 and t.stride(1) == 1, "%s must be int32 rows", name)

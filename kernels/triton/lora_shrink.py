@@ -206,8 +206,8 @@ def _check_args(
     check(OP, x.dim() == 2 and pages.dim() == 2 and out.dim() == 3, "bad tensor ranks")
     num_tokens = x.shape[0]
     num_slices = out.shape[0]
-    check(OP, x.dtype == pages.dtype, f"x dtype {x.dtype} != pages dtype {pages.dtype}")
-    check(OP, x.dtype in (torch.float16, torch.bfloat16, torch.float32), f"bad dtype {x.dtype}")
+    check(OP, x.dtype == pages.dtype, "x dtype %s != pages dtype %s", x.dtype, pages.dtype)
+    check(OP, x.dtype in (torch.float16, torch.bfloat16, torch.float32), "bad dtype %s", x.dtype)
     check(OP, out.shape[1] == num_tokens, "out must be [num_slices, num_tokens, max_rank]")
     check(OP, out.dtype == torch.float32, "out dtype must be float32 (split-K adds atomically)")
     mapping = (
@@ -284,7 +284,7 @@ def launch_lora_shrink(
     num_tiles, slots = segment_grid(num_tokens, slot_adapters.shape[0], tiles.block_m)
     # The segment tiles take the grid's third dimension (CUDA caps it at 65,535): millions of
     # tokens in one launch, far past any step's max_num_batched_tokens.
-    check(OP, num_tiles <= MAX_GRID_Z, f"{num_tokens} tokens need more than {MAX_GRID_Z} tiles")
+    check(OP, num_tiles <= MAX_GRID_Z, "%s tokens need more than %s tiles", num_tokens, MAX_GRID_Z)
     if zero_out:
         out.zero_()
     if num_tokens == 0 or max_rank == 0 or num_slices == 0 or in_dim == 0:

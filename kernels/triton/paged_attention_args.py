@@ -26,9 +26,13 @@ def check_paged_attention_args(
     check(op, key_cache.shape == value_cache.shape, "key_cache and value_cache shapes differ")
     _, num_heads, head_dim = query.shape
     _, _, num_kv_heads, cache_head_dim = key_cache.shape
-    check(op, cache_head_dim == head_dim, f"cache head_dim {cache_head_dim} != query's {head_dim}")
+    check(
+        op, cache_head_dim == head_dim, "cache head_dim %s != query's %s", cache_head_dim, head_dim
+    )
     check(op, num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads")
-    check(op, query.dtype in (torch.float16, torch.bfloat16, torch.float32), f"dtype {query.dtype}")
+    check(
+        op, query.dtype in (torch.float16, torch.bfloat16, torch.float32), "dtype %s", query.dtype
+    )
     check(op, query.dtype == key_cache.dtype == value_cache.dtype, "query and caches dtypes differ")
     check(op, block_tables.dim() == 2, "block_tables must be [num_seqs, max_num_blocks]")
     num_seqs = block_tables.shape[0]
@@ -39,7 +43,7 @@ def check_paged_attention_args(
         ("seq_lens", seq_lens),
         ("query_start_loc", query_start_loc),
     ):
-        check(op, t.dtype == torch.int32, f"{name} must be int32")
+        check(op, t.dtype == torch.int32, "%s must be int32", name)
     check(op, block_tables.stride(1) == 1, "block_tables rows must be contiguous")
     check(
         op,
@@ -56,7 +60,9 @@ def check_out(op: str, query: torch.Tensor, out: torch.Tensor | None) -> torch.T
     dtype and device, contiguous last dim), or a new tensor like query if None."""
     if out is None:
         return torch.empty_like(query)
-    check(op, out.shape == query.shape, f"out must be {tuple(query.shape)}, got {tuple(out.shape)}")
+    check(
+        op, out.shape == query.shape, "out must be %s, got %s", tuple(query.shape), tuple(out.shape)
+    )
     check(op, out.dtype == query.dtype and out.device == query.device, "out must match query")
     check_contiguous_last_dim(op, out=out)
     return out

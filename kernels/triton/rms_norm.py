@@ -172,10 +172,10 @@ def _launch(
     quantize_fp8: bool = False,
     keep_unquantized: bool = True,
 ) -> _NormOutputs:
-    check(OP, x.dim() == 2, f"x must be [num_tokens, hidden_size], got {tuple(x.shape)}")
+    check(OP, x.dim() == 2, "x must be [num_tokens, hidden_size], got %s", tuple(x.shape))
     num_tokens, hidden_size = x.shape
     check(OP, weight.shape == (hidden_size,), "weight must be [hidden_size]")
-    check(OP, hidden_size <= MAX_HIDDEN_SIZE, f"hidden_size {hidden_size} > {MAX_HIDDEN_SIZE}")
+    check(OP, hidden_size <= MAX_HIDDEN_SIZE, "hidden_size %s > %s", hidden_size, MAX_HIDDEN_SIZE)
     check(OP, weight.dtype == x.dtype, "x and weight must share one dtype")
     check(OP, x.stride(-1) == 1 and weight.is_contiguous(), "x needs a contiguous last dim")
     if residual is not None:

@@ -128,7 +128,7 @@ def apply_rotary_pos_emb(
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     check(OP, k.shape == (num_tokens, num_kv_heads, head_dim), "k must match q's tokens/head_dim")
-    check(OP, head_dim % 2 == 0, f"head_dim must be even, got {head_dim}")
+    check(OP, head_dim % 2 == 0, "head_dim must be even, got %s", head_dim)
     check(
         OP,
         cos.shape == (num_tokens, head_dim) and sin.shape == cos.shape,

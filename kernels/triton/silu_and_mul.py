@@ -51,9 +51,9 @@ def _silu_and_mul_kernel(  # type: ignore[no-untyped-def]
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x [num_tokens, 2 * intermediate_size]
     """silu(x[:, :I]) * x[:, I:] -> [num_tokens, I] in x's dtype (a new tensor)."""
-    check(OP, x.dim() == 2, f"x must be [num_tokens, 2 * intermediate], got {tuple(x.shape)}")
+    check(OP, x.dim() == 2, "x must be [num_tokens, 2 * intermediate], got %s", tuple(x.shape))
     num_tokens, width = x.shape
-    check(OP, width % 2 == 0, f"last dim must be even, got {width}")
+    check(OP, width % 2 == 0, "last dim must be even, got %s", width)
     check(OP, x.stride(-1) == 1, "x needs a contiguous last dim")
     intermediate = width // 2
     out = torch.empty((num_tokens, intermediate), dtype=x.dtype, device=x.device)

@@ -63,10 +63,10 @@ def silu_and_mul_quant_fp8(
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """(silu(gate) * up [T, I] in x's dtype, or None without `keep_unquantized`, its
     float8_e4m3fn copy [T, I], scale [T, 1] float32)."""
-    check(OP, x.dim() == 2, f"x must be [num_tokens, 2 * intermediate], got {tuple(x.shape)}")
+    check(OP, x.dim() == 2, "x must be [num_tokens, 2 * intermediate], got %s", tuple(x.shape))
     num_tokens, width = x.shape
-    check(OP, width % 2 == 0, f"last dim must be even, got {width}")
-    check(OP, 0 < width // 2 <= MAX_K, f"intermediate {width // 2} outside 1..{MAX_K}")
+    check(OP, width % 2 == 0, "last dim must be even, got %s", width)
+    check(OP, 0 < width // 2 <= MAX_K, "intermediate %s outside 1..%s", width // 2, MAX_K)
     check(OP, x.stride(-1) == 1, "x needs a contiguous last dim")
     intermediate = width // 2
     out = None

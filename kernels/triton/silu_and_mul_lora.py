@@ -248,7 +248,7 @@ def _check_args(
 ) -> None:
     check(OP, x.dim() == 2 and lora_out.dim() == 3 and pages.dim() == 2, "bad tensor ranks")
     num_tokens, width = x.shape
-    check(OP, width % 2 == 0, f"x's last dim must be even, got {width}")
+    check(OP, width % 2 == 0, "x's last dim must be even, got %s", width)
     check(OP, lora_out.shape[:2] == (2, num_tokens), "lora_out must be [2, num_tokens, max_rank]")
     check(OP, lora_out.dtype == torch.float32, "lora_out must be float32")
     float_dtypes = (torch.float16, torch.bfloat16, torch.float32)

@@ -180,12 +180,12 @@ def check_w4a16_args(
     n = qweight.shape[1]
     num_groups = scales.shape[0]
     check(OP, qweight.dtype == torch.int32 and qweight.shape[0] * 8 == k, "qweight [K/8, N] int32")
-    check(OP, tuple(scales.shape) == (num_groups, n), f"scales must be [G, {n}]")
+    check(OP, tuple(scales.shape) == (num_groups, n), "scales must be [G, %s]", n)
     check(OP, tuple(zeros.shape) == (num_groups, n) and zeros.dtype == torch.uint8, "zeros [G, N]")
-    check(OP, x.dtype in (torch.float16, torch.bfloat16, torch.float32), f"x dtype {x.dtype}")
+    check(OP, x.dtype in (torch.float16, torch.bfloat16, torch.float32), "x dtype %s", x.dtype)
     check(OP, x.stride(-1) == 1, "x needs a contiguous last dim")
     for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):
-        check(OP, t.is_contiguous(), f"{name} must be contiguous")
+        check(OP, t.is_contiguous(), "%s must be contiguous", name)
     if g_idx is None:
         check(OP, group_size > 0 and num_groups * group_size == k, "group_size * G must be K")
     else:
@@ -211,7 +211,7 @@ def launch_w4a16_gemm(
     if m == 0 or n == 0:
         return out
     split_k = tiles.split_k
-    check(OP, split_k >= 1, f"split_k must be >= 1, got {split_k}")
+    check(OP, split_k >= 1, "split_k must be >= 1, got %s", split_k)
     # Each split's K range is whole BLOCK_K steps, so a tile never straddles two splits.
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), tiles.block_k) * tiles.block_k
     partial = out

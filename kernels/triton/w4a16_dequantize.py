@@ -74,7 +74,7 @@ def w4a16_dequantize(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """-> W [K, N] in `dtype` (a new tensor); the caller has validated the layout."""
-    check(OP, dtype in (torch.float16, torch.bfloat16, torch.float32), f"dtype {dtype}")
+    check(OP, dtype in (torch.float16, torch.bfloat16, torch.float32), "dtype %s", dtype)
     check_one_device(OP, qweight, scales, zeros, *(() if g_idx is None else (g_idx,)))
     num_packed_rows, n = qweight.shape
     w = torch.empty((num_packed_rows * 8, n), dtype=dtype, device=qweight.device)
