@@ -61,20 +61,22 @@ def map_step(
         return [], None
     assert len(adapters) <= max_batch_loras, "the scheduler caps adapters per step"
     slot_of = {h: slot for slot, h in enumerate(adapters)}
-    token_slots = [
-        -1 if h is None else slot_of[h]
-        for h, num_tokens in zip(adapters_per_request, tokens_per_request, strict=True)
-        for _ in range(num_tokens)
-    ]
+    # Per request, then repeated per token by torch (a prefill step has thousands of tokens;
+    # a decode step, one per request, needs no repeat).
+    token_slots = torch.tensor(
+        [-1 if h is None else slot_of[h] for h in adapters_per_request], dtype=torch.int32
+    )
+    num_tokens = sum(tokens_per_request)
+    if num_tokens != len(tokens_per_request) or 0 in tokens_per_request:
+        repeats = torch.tensor(tokens_per_request, dtype=torch.int64)
+        token_slots = token_slots.repeat_interleave(repeats, output_size=num_tokens)
     num_slots = slot_table_size(len(adapters), max_batch_loras)
     slot_adapters = torch.zeros(num_slots + 1, dtype=torch.int32)
     slot_adapters[: len(adapters)] = torch.tensor(
         [resident_id(h) for h in adapters], dtype=torch.int32
     )
     slot_adapters[-1] = len(adapters)  # num_active_slots, riding on the same copy
-    sorted_token_ids, slot_start_loc = build_lora_mapping(
-        torch.tensor(token_slots, dtype=torch.int32), num_slots
-    )
+    sorted_token_ids, slot_start_loc = build_lora_mapping(token_slots, num_slots)
     packed = torch.cat([slot_start_loc, slot_adapters, sorted_token_ids])
     sizes = [slot_start_loc.shape[0], slot_adapters.shape[0], sorted_token_ids.shape[0]]
     slot_start_loc, slot_adapters, sorted_token_ids = tensor_to_device(packed, device).split(sizes)

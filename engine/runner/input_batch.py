@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from loraplex.engine.device_copy import tensor_to_device, to_device
+from loraplex.engine.device_copy import host_ints, packed_to_device
 from loraplex.engine.model.forward_context import AttentionMetadata
 from loraplex.engine.scheduler.output import ScheduledRequest
 
@@ -40,18 +40,24 @@ def prepare_inputs(
 ) -> ModelInputs:
     """Pack the step's tokens flat, with positions, cache slots and block tables.
 
-    Built as Python lists and copied to the device once per tensor. A request's last token
+    Per request in Python (its token ids, its block ids), per token in torch: a prefill step
+    has thousands of tokens, and a Python loop over them cost the host milliseconds a step.
+    Copied to the device in two packed copies (int64 and int32 tensors). A request's last token
     may still be sampled by the step in flight: that row is left for the runner to fill in.
+
+        row r, tokens [start_r, start_r + num_new_r):  token t of the step (row r, offset i)
+            position      = start_r + i
+            slot_mapping  = block_table[r, position // block_size] * block_size
+                            + position % block_size
     """
     input_ids: list[int] = []
-    positions: list[int] = []
-    slot_mapping: list[int] = []
+    starts: list[int] = []
+    num_new: list[int] = []
     seq_lens: list[int] = []
-    query_start_loc = [0]
+    block_ids: list[int] = []  # every row's block ids, one after another
+    block_counts: list[int] = []
     logits_indices: list[int] = []
     sample_requests: list[ScheduledRequest] = []
-    max_blocks = max(len(s.block_ids) for s in scheduled)
-    block_table_rows: list[list[int]] = []  # padded with 0 (never read past seq_len)
     placeholder_rows: list[int] = []
     placeholder_request_ids: list[str] = []
 
@@ -65,33 +71,52 @@ def prepare_inputs(
             placeholder_rows.append(len(input_ids))
             placeholder_request_ids.append(request.request_id)
             input_ids.append(0)
-        positions.extend(range(start, end))
-        block_ids = item.block_ids
-        slot_mapping.extend(
-            block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)
-        )
+        starts.append(start)
+        num_new.append(item.num_new_tokens)
         seq_lens.append(end)
-        query_start_loc.append(len(input_ids))
-        block_table_rows.append(block_ids + [0] * (max_blocks - len(block_ids)))
+        block_ids.extend(item.block_ids)
+        block_counts.append(len(item.block_ids))
         if item.needs_sample:
             logits_indices.append(len(input_ids) - 1)
             sample_requests.append(item)
 
+    num_rows, num_tokens = len(scheduled), len(input_ids)
+    new = host_ints(num_new, torch.int64)
+    query_start_loc = torch.zeros(num_rows + 1, dtype=torch.int64)
+    torch.cumsum(new, 0, out=query_start_loc[1:])
+    # [num_rows, max_blocks], padded with 0 (never read past seq_len)
+    counts = host_ints(block_counts, torch.int64)
+    block_tables = torch.zeros(num_rows, max(block_counts), dtype=torch.int32)
+    block_tables[torch.arange(block_tables.shape[1]) < counts[:, None]] = host_ints(
+        block_ids, torch.int32
+    )
+    rows = torch.arange(num_rows).repeat_interleave(new, output_size=num_tokens)
+    offsets = torch.arange(num_tokens) - query_start_loc[rows]
+    positions = host_ints(starts, torch.int64)[rows] + offsets
+    blocks = block_tables[rows, positions // block_size].to(torch.int64)
+    slot_mapping = blocks * block_size + positions % block_size
+
+    (input_ids_d, positions_d, slot_mapping_d, logits_indices_d), int32s = packed_to_device(
+        [host_ints(input_ids, torch.int64), positions, slot_mapping,
+         host_ints(logits_indices, torch.int64)],
+        [block_tables, host_ints(seq_lens, torch.int32), query_start_loc.to(torch.int32)],
+        device,
+    )  # fmt: skip
+    block_tables_d, seq_lens_d, query_start_loc_d = int32s
     attn = AttentionMetadata(
-        slot_mapping=to_device(slot_mapping, torch.int64, device),
-        # One tensor for all rows: a torch.tensor per row cost ~10 us each, every step.
-        block_tables=tensor_to_device(torch.tensor(block_table_rows, dtype=torch.int32), device),
-        seq_lens=to_device(seq_lens, torch.int32, device),
-        query_start_loc=to_device(query_start_loc, torch.int32, device),
-        max_query_len=max(s.num_new_tokens for s in scheduled),
+        slot_mapping=slot_mapping_d,
+        block_tables=block_tables_d,
+        seq_lens=seq_lens_d,
+        query_start_loc=query_start_loc_d,
+        max_query_len=max(num_new),
         max_seq_len=max(seq_lens),
         num_decode_seqs=count_leading_decodes(scheduled),
     )
     return ModelInputs(
-        input_ids=to_device(input_ids, torch.int64, device),
-        positions=to_device(positions, torch.int64, device),
+        input_ids=input_ids_d,
+        positions=positions_d,
         attn=attn,
-        logits_indices=to_device(logits_indices, torch.int64, device),
+        logits_indices=logits_indices_d,
         sample_requests=sample_requests,
         placeholder_rows=placeholder_rows,
         placeholder_request_ids=placeholder_request_ids,
