@@ -48,12 +48,14 @@ def packed_to_device(
 
 
 def _packed(tensors: list[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
+    device = torch.device(device)
     align = PACK_ALIGN_BYTES // tensors[0].element_size()
     sizes = [-(-t.numel() // align) * align for t in tensors]  # each padded to the alignment
-    host = torch.zeros(sum(sizes), dtype=tensors[0].dtype)
+    # Packed straight into pinned memory: one host copy of each tensor, one transfer.
+    host = torch.zeros(sum(sizes), dtype=tensors[0].dtype, pin_memory=device.type == "cuda")
     for chunk, t in zip(host.split(sizes), tensors, strict=True):
         chunk[: t.numel()] = t.reshape(-1)
-    parts = tensor_to_device(host, device).split(sizes)
+    parts = host.to(device, non_blocking=True).split(sizes)
     return [part[: t.numel()].view(t.shape) for part, t in zip(parts, tensors, strict=True)]
 
 
