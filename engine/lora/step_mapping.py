@@ -61,15 +61,13 @@ def map_step(
         return [], None
     assert len(adapters) <= max_batch_loras, "the scheduler caps adapters per step"
     slot_of = {h: slot for slot, h in enumerate(adapters)}
-    # Per request, then repeated per token by torch (a prefill step has thousands of tokens;
-    # a decode step, one per request, needs no repeat).
-    token_slots = torch.tensor(
+    # Per request in Python, per token in torch: a prefill step has thousands of tokens.
+    request_slots = torch.tensor(
         [-1 if h is None else slot_of[h] for h in adapters_per_request], dtype=torch.int32
     )
-    num_tokens = sum(tokens_per_request)
-    if num_tokens != len(tokens_per_request) or 0 in tokens_per_request:
-        repeats = torch.tensor(tokens_per_request, dtype=torch.int64)
-        token_slots = token_slots.repeat_interleave(repeats, output_size=num_tokens)
+    token_slots = request_slots.repeat_interleave(
+        torch.tensor(tokens_per_request), output_size=sum(tokens_per_request)
+    )
     num_slots = slot_table_size(len(adapters), max_batch_loras)
     slot_adapters = torch.zeros(num_slots + 1, dtype=torch.int32)
     slot_adapters[: len(adapters)] = torch.tensor(

@@ -7,15 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from loraplex.kernels.launch_checks import check
+
 OP = "fp8_scaled_mm"
 FP8_ALIGNMENT = 16  # cuBLASLt's FP8 GEMM needs K and N multiples of 16
-
-
-def check(op: str, cond: bool, msg: str, *args: object) -> None:
-    """Raise ValueError("op: msg % args") unless `cond`. The message is formatted only on
-    failure: launchers check every launch, and eager f-strings cost more than the checks."""
-    if not cond:
-        raise ValueError(f"{op}: {msg % args if args else msg}")
 
 
 def fp8_scaled_mm(

@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.launch_checks import check
 from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
-from loraplex.kernels.triton.launch_checks import check
 
 OP = "quantize_fp8_per_token"
 MAX_K = 32768  # the widest row one program holds (Llama-3-70B's intermediate size is 28,672)

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.triton.launch_checks import check
+from loraplex.kernels.launch_checks import check
 from loraplex.kernels.triton.tile_table import MIN_DOT_DIM
 
 

@@ -60,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.triton.launch_checks import check, check_one_device
+from loraplex.kernels.launch_checks import check, check_one_device
 from loraplex.kernels.triton.lora_pages import matrix_ptrs, page_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,

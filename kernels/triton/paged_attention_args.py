@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from loraplex.kernels.triton.launch_checks import (
+from loraplex.kernels.launch_checks import (
     check,
     check_contiguous_last_dim,
     check_one_device,

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.launch_checks import check, check_contiguous_last_dim, check_one_device
 from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
 from loraplex.kernels.reference.fused_ops import (
     ROW_SUM_VECTOR,
@@ -40,7 +41,6 @@ from loraplex.kernels.reference.fused_ops import (
     row_sum_lanes,
 )
 from loraplex.kernels.triton.fp8_quant import store_quantized_row
-from loraplex.kernels.triton.launch_checks import check, check_contiguous_last_dim, check_one_device
 
 OP = "rms_norm"
 

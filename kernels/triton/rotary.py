@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.triton.launch_checks import check, check_contiguous_last_dim, check_one_device
+from loraplex.kernels.launch_checks import check, check_contiguous_last_dim, check_one_device
 
 OP = "apply_rotary_pos_emb"
 

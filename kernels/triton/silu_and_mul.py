@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.triton.launch_checks import check
+from loraplex.kernels.launch_checks import check
 
 OP = "silu_and_mul"
 

@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from loraplex.kernels.launch_checks import check
 from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
 from loraplex.kernels.triton.fp8_quant import MAX_K, store_quantized_row
-from loraplex.kernels.triton.launch_checks import check
 from loraplex.kernels.triton.silu_and_mul import silu_mul
 
 OP = "silu_and_mul_quant_fp8"

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.triton.launch_checks import check, check_one_device
+from loraplex.kernels.launch_checks import check, check_one_device
 from loraplex.kernels.triton.lora_expand import ExpandTiles
 from loraplex.kernels.triton.lora_pages import lora_delta, lora_rank_rows
 from loraplex.kernels.triton.lora_segments import (

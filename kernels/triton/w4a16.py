@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.triton.launch_checks import check, check_one_device
+from loraplex.kernels.launch_checks import check, check_one_device
 from loraplex.kernels.triton.tile_table import TileTable, check_dot_tiles
 from loraplex.kernels.triton.w4a16_dequantize import w4a16_dequantize
 

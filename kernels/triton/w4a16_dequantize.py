@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.triton.launch_checks import check, check_one_device
+from loraplex.kernels.launch_checks import check, check_one_device
 
 OP = "w4a16_dequantize"
 BLOCK_P, BLOCK_N, NUM_WARPS = 8, 128, 4  # 64 rows x 128 columns per program

@@ -1,4 +1,5 @@
-"""Argument checks shared by the Triton launchers: each raises ValueError naming its op."""
+"""Argument checks shared by the kernel launchers, Triton's and `cuda/`'s: each raises ValueError
+naming its op. Outside `triton/`, so importing it never imports Triton."""
 
 from __future__ import annotations
 
