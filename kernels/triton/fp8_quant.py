@@ -19,6 +19,7 @@ import triton.language as tl
 
 from loraplex.kernels.launch_checks import check
 from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
+from loraplex.kernels.triton.grid_math import next_power_of_2
 
 OP = "quantize_fp8_per_token"
 MAX_K = 32768  # the widest row one program holds (Llama-3-70B's intermediate size is 28,672)
@@ -80,7 +81,7 @@ def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m == 0:
         return out, scale
-    block_k = triton.next_power_of_2(k)
+    block_k = next_power_of_2(k)
     _quantize_fp8_per_token_kernel[(m,)](
         x,
         out,

@@ -61,6 +61,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.launch_checks import check, check_one_device
+from loraplex.kernels.triton.grid_math import cdiv
 from loraplex.kernels.triton.lora_pages import lora_delta, lora_rank_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
@@ -349,7 +350,7 @@ def launch_lora_expand(
     block_k = rank_block(max_rank, tiles.max_block_k)
     num_slots = slot_adapters.shape[0]
     num_tiles, slots = segment_grid(num_tokens, num_slots, tiles.block_m)
-    grid = (num_tiles, triton.cdiv(max(slice_sizes), tiles.block_n), num_slices)
+    grid = (num_tiles, cdiv(max(slice_sizes), tiles.block_n), num_slices)
     _lora_expand_kernel[grid](
         lora_out,
         pages,

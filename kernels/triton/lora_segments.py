@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.launch_checks import check
+from loraplex.kernels.triton.grid_math import next_power_of_2
 from loraplex.kernels.triton.tile_table import MIN_DOT_DIM
 
 
@@ -37,12 +38,12 @@ def segment_grid(num_tokens: int, num_slots: int, block_m: int) -> tuple[int, in
     covers the slots that can hold tokens: at most one per token, so min(num_slots, num_tokens)
     rounded up to a power of two; a decode step of 64 tokens looks at 64 slots, not 256)."""
     bound = min(num_slots, num_tokens)
-    return num_tokens // block_m + bound, max(2, triton.next_power_of_2(bound))
+    return num_tokens // block_m + bound, max(2, next_power_of_2(bound))
 
 
 def rank_block(max_rank: int, max_block: int) -> int:
     """A rank tile: max_rank rounded up to a power of two, within [MIN_DOT_DIM, max_block]."""
-    return min(max_block, max(MIN_DOT_DIM, triton.next_power_of_2(max_rank)))
+    return min(max_block, max(MIN_DOT_DIM, next_power_of_2(max_rank)))
 
 
 @triton.jit

@@ -61,6 +61,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.launch_checks import check, check_one_device
+from loraplex.kernels.triton.grid_math import cdiv
 from loraplex.kernels.triton.lora_pages import matrix_ptrs, page_rows
 from loraplex.kernels.triton.lora_segments import (
     check_lora_mapping,
@@ -291,10 +292,10 @@ def launch_lora_shrink(
         return
 
     # Never chunk finer than in_dim needs: small in_dim gets one chunk (and plain stores).
-    k_chunk = min(tiles.k_chunk, triton.cdiv(in_dim, tiles.block_k) * tiles.block_k)
-    split_k = triton.cdiv(in_dim, k_chunk)
+    k_chunk = min(tiles.k_chunk, cdiv(in_dim, tiles.block_k) * tiles.block_k)
+    split_k = cdiv(in_dim, k_chunk)
     block_n = rank_block(max_rank, tiles.max_block_n)
-    num_rank_tiles = triton.cdiv(max_rank, block_n)
+    num_rank_tiles = cdiv(max_rank, block_n)
     grid = (num_slices, split_k * num_rank_tiles, num_tiles)
     page_size = pages.shape[1]
     _lora_shrink_kernel[grid](

@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.triton.attention_tile import load_kv_tile, online_softmax_step
+from loraplex.kernels.triton.grid_math import cdiv, next_power_of_2
 from loraplex.kernels.triton.paged_attention_args import check_out, check_paged_attention_args
 from loraplex.kernels.triton.paged_decode_attention import (
     DECODE_ATTENTION_TILES,
@@ -235,7 +236,7 @@ def paged_attention(
         decode_tiles = DECODE_ATTENTION_TILES.lookup(num_seqs * key_cache.shape[-2])
         return launch_paged_decode_attention(*args, scale, sliding_window, decode_tiles)
     if not 0 < num_decode_seqs < num_seqs:
-        tiles = ATTENTION_TILES.lookup(triton.cdiv(query.shape[0], max(1, num_seqs)))
+        tiles = ATTENTION_TILES.lookup(cdiv(query.shape[0], max(1, num_seqs)))
         return launch_paged_attention(*args, scale, sliding_window, tiles)
     d = num_decode_seqs  # decode tokens are rows 0..d-1; the chunks' start at row d
     out = torch.empty_like(query)
@@ -244,7 +245,7 @@ def paged_attention(
     launch_paged_decode_attention(
         *decode_args, query_start_loc[: d + 1], scale, sliding_window, decode_tiles, out[:d]
     )
-    tiles = ATTENTION_TILES.lookup(triton.cdiv(query.shape[0] - d, num_seqs - d))
+    tiles = ATTENTION_TILES.lookup(cdiv(query.shape[0] - d, num_seqs - d))
     chunk_args = (query[d:], key_cache, value_cache, block_tables[d:], seq_lens[d:])
     launch_paged_attention(
         *chunk_args, query_start_loc[d:] - d, scale, sliding_window, tiles, out[d:]
@@ -275,7 +276,7 @@ def launch_paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     num_queries_per_kv = num_heads // num_kv_heads
-    block_m = max(tiles.block_m, triton.next_power_of_2(num_queries_per_kv))
+    block_m = max(tiles.block_m, next_power_of_2(num_queries_per_kv))
     block_q = block_m // num_queries_per_kv
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
@@ -301,7 +302,7 @@ def launch_paged_attention(
         value_cache.stride(2),
         block_tables.stride(0),
         HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=max(MIN_DOT_DIM, triton.next_power_of_2(head_dim)),
+        HEAD_DIM_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size,
         NUM_QUERIES_PER_KV=num_queries_per_kv,
         BLOCK_M=block_m,

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.triton.attention_tile import load_kv_tile, online_softmax_step
+from loraplex.kernels.triton.grid_math import next_power_of_2
 from loraplex.kernels.triton.paged_attention_args import check_out, check_paged_attention_args
 from loraplex.kernels.triton.tile_table import MIN_DOT_DIM, TileTable, check_dot_tiles
 
@@ -275,7 +276,7 @@ def launch_paged_decode_attention(
     if num_seqs == 0:
         return out
     num_queries_per_kv = num_heads // num_kv_heads
-    head_dim_pad = max(MIN_DOT_DIM, triton.next_power_of_2(head_dim))
+    head_dim_pad = max(MIN_DOT_DIM, next_power_of_2(head_dim))
     merged = tiles.max_splits > 1  # else phase 1 writes `out` and needs no partials
     partial_out = torch.empty(
         (num_seqs, num_heads, tiles.max_splits, head_dim_pad) if merged else (0,),
@@ -320,7 +321,7 @@ def launch_paged_decode_attention(
         HEAD_DIM_PAD=head_dim_pad,
         BLOCK_SIZE=block_size,
         NUM_QUERIES_PER_KV=num_queries_per_kv,
-        BLOCK_M=max(MIN_DOT_DIM, triton.next_power_of_2(num_queries_per_kv)),
+        BLOCK_M=max(MIN_DOT_DIM, next_power_of_2(num_queries_per_kv)),
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
@@ -339,7 +340,7 @@ def launch_paged_decode_attention(
         num_heads,
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_pad,
-        SPLITS_PAD=triton.next_power_of_2(tiles.max_splits),
+        SPLITS_PAD=next_power_of_2(tiles.max_splits),
         num_warps=4,
         **split_args,
     )

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.launch_checks import check, check_contiguous_last_dim, check_one_device
+from loraplex.kernels.triton.grid_math import next_power_of_2
 
 OP = "reshape_and_cache"
 
@@ -125,8 +126,8 @@ def reshape_and_cache(
         value_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
-        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-        HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        HEADS_PAD=next_power_of_2(num_kv_heads),
+        HEAD_DIM_PAD=next_power_of_2(head_dim),
         BLOCK_SIZE=key_cache.shape[1],
         num_warps=NUM_WARPS,
     )

@@ -41,6 +41,7 @@ from loraplex.kernels.reference.fused_ops import (
     row_sum_lanes,
 )
 from loraplex.kernels.triton.fp8_quant import store_quantized_row
+from loraplex.kernels.triton.grid_math import cdiv, next_power_of_2
 
 OP = "rms_norm"
 
@@ -198,7 +199,7 @@ def _launch(
     outputs = _NormOutputs(out, new_residual, out_fp8, out_scale)
     if num_tokens == 0:
         return outputs
-    block = triton.next_power_of_2(hidden_size)
+    block = next_power_of_2(hidden_size)
     vectorized, lanes = row_sum_lanes(hidden_size)
     # Pointers a launch never uses get placeholders of the right dtype (x for the bf16 ones),
     # never read nor written: the residual's without one, out's when it is not kept, the FP8
@@ -233,7 +234,7 @@ def _launch(
         MIN_SCALE=MIN_SCALE,
         VECTORIZED=vectorized,
         LANES=lanes,
-        STEPS=triton.cdiv(hidden_size, ROW_SUM_VECTOR * lanes),
+        STEPS=cdiv(hidden_size, ROW_SUM_VECTOR * lanes),
         VECTOR=ROW_SUM_VECTOR,
         HALVINGS=lanes.bit_length() - 1,
         num_warps=_num_warps(block),

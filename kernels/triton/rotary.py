@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.launch_checks import check, check_contiguous_last_dim, check_one_device
+from loraplex.kernels.triton.grid_math import next_power_of_2
 
 OP = "apply_rotary_pos_emb"
 
@@ -159,9 +160,9 @@ def apply_rotary_pos_emb(
         NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         HALF_DIM=half,
-        HEADS_PAD=triton.next_power_of_2(num_heads),
-        KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-        HALF_PAD=triton.next_power_of_2(half),
+        HEADS_PAD=next_power_of_2(num_heads),
+        KV_HEADS_PAD=next_power_of_2(num_kv_heads),
+        HALF_PAD=next_power_of_2(half),
         num_warps=NUM_WARPS,
         # No FMA contraction: x * cos is rounded to the dtype before the add, as in HF.
         enable_fp_fusion=False,

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.launch_checks import check
+from loraplex.kernels.triton.grid_math import cdiv
 
 OP = "silu_and_mul"
 
@@ -59,7 +60,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x [num_tokens, 2 * interme
     out = torch.empty((num_tokens, intermediate), dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return out
-    grid = (num_tokens, triton.cdiv(intermediate, BLOCK))
+    grid = (num_tokens, cdiv(intermediate, BLOCK))
     _silu_and_mul_kernel[grid](
         x,
         out,

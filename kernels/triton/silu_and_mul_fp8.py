@@ -21,6 +21,7 @@ import triton.language as tl
 from loraplex.kernels.launch_checks import check
 from loraplex.kernels.reference.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
 from loraplex.kernels.triton.fp8_quant import MAX_K, store_quantized_row
+from loraplex.kernels.triton.grid_math import next_power_of_2
 from loraplex.kernels.triton.silu_and_mul import silu_mul
 
 OP = "silu_and_mul_quant_fp8"
@@ -76,7 +77,7 @@ def silu_and_mul_quant_fp8(
     scale = torch.empty((num_tokens, 1), dtype=torch.float32, device=x.device)
     if num_tokens == 0:
         return out, out_fp8, scale
-    block = triton.next_power_of_2(intermediate)
+    block = next_power_of_2(intermediate)
     out_arg = x if out is None else out  # a placeholder of the dtype, never written
     _silu_and_mul_fp8_kernel[(num_tokens,)](
         x,

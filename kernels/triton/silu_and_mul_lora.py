@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.launch_checks import check, check_one_device
+from loraplex.kernels.triton.grid_math import cdiv
 from loraplex.kernels.triton.lora_expand import ExpandTiles
 from loraplex.kernels.triton.lora_pages import lora_delta, lora_rank_rows
 from loraplex.kernels.triton.lora_segments import (
@@ -299,8 +300,8 @@ def launch_silu_and_mul_lora(
     page_size = pages.shape[1]
     block_k = rank_block(max(lora_out.shape[2], 1), tiles.max_block_k)
     num_segment_grid, slots = segment_grid(num_tokens, slot_adapters.shape[0], tiles.block_m)
-    num_rest_grid = triton.cdiv(num_tokens, tiles.block_m)
-    grid = (num_segment_grid + num_rest_grid, triton.cdiv(intermediate, tiles.block_n))
+    num_rest_grid = cdiv(num_tokens, tiles.block_m)
+    grid = (num_segment_grid + num_rest_grid, cdiv(intermediate, tiles.block_n))
     _silu_and_mul_lora_kernel[grid](
         x,
         lora_out,

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.launch_checks import check, check_one_device
+from loraplex.kernels.triton.grid_math import cdiv
 from loraplex.kernels.triton.tile_table import TileTable, check_dot_tiles
 from loraplex.kernels.triton.w4a16_dequantize import w4a16_dequantize
 
@@ -160,10 +161,8 @@ def w4a16_tiles(m: int, n: int) -> W4A16Tiles:
     tiles = W4A16_TILES.lookup(m)
     if tiles.split_k_programs is None:
         return tiles
-    num_tiles = max(1, triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n))  # n may be 0
-    return tiles._replace(
-        split_k=min(tiles.split_k, triton.cdiv(tiles.split_k_programs, num_tiles))
-    )
+    num_tiles = max(1, cdiv(m, tiles.block_m) * cdiv(n, tiles.block_n))  # n may be 0
+    return tiles._replace(split_k=min(tiles.split_k, cdiv(tiles.split_k_programs, num_tiles)))
 
 
 def check_w4a16_args(
@@ -213,11 +212,11 @@ def launch_w4a16_gemm(
     split_k = tiles.split_k
     check(OP, split_k >= 1, "split_k must be >= 1, got %s", split_k)
     # Each split's K range is whole BLOCK_K steps, so a tile never straddles two splits.
-    k_per_split = triton.cdiv(triton.cdiv(k, split_k), tiles.block_k) * tiles.block_k
+    k_per_split = cdiv(cdiv(k, split_k), tiles.block_k) * tiles.block_k
     partial = out
     if split_k > 1:
         partial = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(m, tiles.block_m), triton.cdiv(n, tiles.block_n), split_k)
+    grid = (cdiv(m, tiles.block_m), cdiv(n, tiles.block_n), split_k)
     _w4a16_kernel[grid](
         x,
         qweight,

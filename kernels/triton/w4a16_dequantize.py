@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from loraplex.kernels.launch_checks import check, check_one_device
+from loraplex.kernels.triton.grid_math import cdiv
 
 OP = "w4a16_dequantize"
 BLOCK_P, BLOCK_N, NUM_WARPS = 8, 128, 4  # 64 rows x 128 columns per program
@@ -80,7 +81,7 @@ def w4a16_dequantize(
     w = torch.empty((num_packed_rows * 8, n), dtype=dtype, device=qweight.device)
     if w.numel() == 0:
         return w
-    grid = (triton.cdiv(num_packed_rows, BLOCK_P), triton.cdiv(n, BLOCK_N))
+    grid = (cdiv(num_packed_rows, BLOCK_P), cdiv(n, BLOCK_N))
     _w4a16_dequantize_kernel[grid](
         qweight,
         scales,
