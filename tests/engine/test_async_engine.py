@@ -85,9 +85,12 @@ async def test_bad_request_raises_before_output_and_engine_lives(checkpoint):
         with pytest.raises(InvalidParameterError):
             async for _ in engine.generate({"prompt_token_ids": []}, SamplingParams(), "bad"):
                 pass
-        with pytest.raises(InvalidParameterError):
-            async for _ in engine.generate({"prompt_token_ids": [10**9]}, SamplingParams(), "bad2"):
-                pass
+        for i, ids in enumerate(([10**9], [3, -1, 5], [7, 1, 10**9])):
+            with pytest.raises(InvalidParameterError, match="token ids must be in"):
+                async for _ in engine.generate(
+                    {"prompt_token_ids": ids}, SamplingParams(), f"b{i}"
+                ):
+                    pass
         outs = [o async for o in engine.generate("ok", SamplingParams(max_tokens=2), "good")]
         assert outs[-1].finished
     finally:
