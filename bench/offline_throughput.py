@@ -109,10 +109,9 @@ def run_engine(
     loras: list[LoRARequest | None],
     device: str,
     warm_up: bool = True,
-) -> tuple[float, float, dict[str, int]]:
-    """(seconds of one timed run, of which the engine waited on the GPU's tokens (the rest is
-    host work and launches that blocked on CUDA's full launch queue), the allocator's
-    `allocator_events` during the run)."""
+) -> tuple[float, dict[str, float], dict[str, int]]:
+    """(seconds of one timed run, the engine's counters over it (`engine_counters`), the
+    allocator's `allocator_events` during the run)."""
     params = SamplingParams(
         max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False
     )
@@ -120,7 +119,7 @@ def run_engine(
     if warm_up:  # the same workload once, so every kernel shape is compiled before timing
         llm.generate(requests, params, lora_request=loras, use_tqdm=False)
     sync(device)
-    waited = llm.engine.get_stats().result_wait_seconds
+    before = engine_counters(llm)
     events = allocator_events(device)
     start = time.perf_counter()
     outs = llm.generate(requests, params, lora_request=loras, use_tqdm=False)
@@ -128,7 +127,20 @@ def run_engine(
     seconds = time.perf_counter() - start
     assert all(len(o.outputs[0].token_ids) == output_len for o in outs)
     events = {k: v - events[k] for k, v in allocator_events(device).items()}
-    return seconds, llm.engine.get_stats().result_wait_seconds - waited, events
+    counters = {k: v - before[k] for k, v in engine_counters(llm).items()}
+    return seconds, counters, events
+
+
+def engine_counters(llm: LLM) -> dict[str, float]:
+    """Where the engine's step time went: waiting on the GPU's tokens, preparing and launching
+    steps (inputs, LoRA mapping, the forward's kernel launches), and its number of steps."""
+    stats = llm.engine.get_stats()
+    return {
+        "steps": stats.num_steps,
+        "step_seconds": stats.step_seconds,
+        "result_wait_seconds": stats.result_wait_seconds,
+        "launch_seconds": stats.launch_seconds,
+    }
 
 
 def weights_bytes(llm: LLM) -> tuple[int, int]:
@@ -295,15 +307,15 @@ def main() -> None:
     # machine (clocks, other tenants) hits each alike; each count reports its median.
     order = [c for _ in range(args.repeats) for c in counts]
     timings: dict[int, list[float]] = {count: [] for count in counts}
-    waits: dict[int, list[float]] = {count: [] for count in counts}
     allocs: dict[int, list[dict[str, int]]] = {count: [] for count in counts}
+    counters: dict[int, list[dict[str, float]]] = {count: [] for count in counts}
     breakdowns: dict[int, dict] = {}
     for i, count in enumerate(order):
-        seconds, waited, events = run_engine(
+        seconds, round_counters, events = run_engine(
             llm, prompts, args.output_len, workloads[count], args.device, warm_up=not timings[count]
         )
         timings[count].append(seconds)
-        waits[count].append(waited)
+        counters[count].append(round_counters)
         allocs[count].append(events)
         if count in order[i + 1 :] or args.skip_breakdown:
             continue
@@ -333,7 +345,8 @@ def main() -> None:
             "output_tok_s": tok_s,
             "ratio_to_no_adapter": tok_s / base_tok_s,
             "seconds_each_round": timings[count],
-            "result_wait_seconds_each_round": waits[count],
+            "result_wait_seconds_each_round": [c["result_wait_seconds"] for c in counters[count]],
+            "engine_counters_each_round": counters[count],
             "allocator_events_each_round": allocs[count],
             **breakdown,
         }
@@ -349,9 +362,18 @@ def main() -> None:
         # does not mean the host did: a launch blocked on CUDA's full launch queue counts as
         # host time (compare the round with its GPU kernel time, --kernel-totals).
         shares = ", ".join(
-            f"{w / t:.2f}" for w, t in zip(waits[count], timings[count], strict=True)
+            f"{c['result_wait_seconds'] / t:.2f}"
+            for c, t in zip(counters[count], timings[count], strict=True)
         )
         print(f"    share of each round waiting on the device: {shares}", flush=True)
+        # A step's host time, split: preparing and launching it, and the rest (scheduling, the
+        # step before's outputs). Above the GPU's step time, the host sets the pace.
+        per_step = ", ".join(
+            f"{1000 * c['launch_seconds'] / c['steps']:.1f} + "
+            f"{1000 * (c['step_seconds'] - c['launch_seconds'] - c['result_wait_seconds']) / c['steps']:.1f}"
+            for c in counters[count]
+        )
+        print(f"    host ms per step (launch + rest), each round: {per_step}", flush=True)
         if args.device == "cuda":  # a retry or a driver call inside a timed round
             print(f"    allocator events in each round: {allocs[count]}", flush=True)
         if breakdown:

@@ -101,6 +101,9 @@ class LLMEngine:
         # Of step_seconds, the time blocked on a launched step's tokens (EngineStats says what
         # the rest holds).
         self.result_wait_seconds = 0.0
+        # Of step_seconds, the time spent preparing and launching steps (inputs, LoRA mapping,
+        # every kernel launch of the forward and the sampler).
+        self.launch_seconds = 0.0
         self._throughput = RateMeter()
         self.async_scheduling = (
             config.scheduler.async_scheduling and self.runner.supports_async_scheduling
@@ -254,6 +257,7 @@ class LLMEngine:
             waited = time.perf_counter()
             time.sleep(EMPTY_STEP_WAIT_S)
             self.step_seconds -= time.perf_counter() - waited  # waiting is not step time
+        launched = time.perf_counter()
         try:
             lora = None
             if self.lora_manager is not None:
@@ -263,6 +267,8 @@ class LLMEngine:
             return failed_loads + self._stop(exc)
         except Exception:
             return failed_loads + self._finish_in_flight() + self._fail_step(scheduler_output)
+        finally:
+            self.launch_seconds += time.perf_counter() - launched
         self._while_gpu_runs()
         outputs = failed_loads + self._finish_in_flight()
         self._in_flight = (scheduler_output, pending)
@@ -380,6 +386,7 @@ class LLMEngine:
             num_scheduled_tokens=self.num_scheduled_tokens,
             step_seconds=self.step_seconds,
             result_wait_seconds=self.result_wait_seconds,
+            launch_seconds=self.launch_seconds,
             throughput_tokens_per_s=self._throughput.rate(),
             lora=replace(
                 self.lora_manager.get_stats() if self.lora_manager else LoRAStats(),

@@ -86,6 +86,10 @@ class EngineStats:
     # Of step_seconds, blocked on the GPU's tokens. The rest is the host's own work, and also any
     # time a kernel launch blocked because CUDA's queue of pending launches was full.
     result_wait_seconds: float = 0.0
+    # Of step_seconds, preparing and launching steps: the inputs, the LoRA mapping and every
+    # kernel launch of the forward and the sampler (a launch that blocks on CUDA's full queue
+    # counts here too).
+    launch_seconds: float = 0.0
     throughput_tokens_per_s: float = 0.0  # over the last ~10 s
     lora: LoRAStats = field(default_factory=LoRAStats)
 

@@ -67,7 +67,9 @@ def test_greedy_matches_hf(checkpoint, engine_kwargs):
     # Every generated token but each request's last was computed by a step, besides prompts.
     assert stats.num_scheduled_tokens >= stats.num_generated_tokens > 0
     assert stats.num_steps > 0 and stats.step_seconds > 0
-    assert 0 <= stats.result_wait_seconds <= stats.step_seconds  # a part of the steps' time
+    # parts of the steps' time
+    assert stats.launch_seconds > 0 and stats.result_wait_seconds >= 0
+    assert stats.launch_seconds + stats.result_wait_seconds <= stats.step_seconds
     if engine_kwargs.get("preemption_mode") == "swap":
         assert stats.num_preemptions_swap > 0
     if engine_kwargs.get("preemption_mode") == "recompute" or "swap_space_gb" in engine_kwargs:
