@@ -10,7 +10,9 @@ GQA group:
                            query head   kv_head * num_queries_per_kv + r % num_queries_per_kv
 
 Query tiles are numbered across sequences without a host-side table: sequence s owns tiles
-`query_start_loc[s] // BLOCK_Q + s` onwards (at least cdiv(q_len, BLOCK_Q) of them), so
+`(query_start_loc[s] - query_start_loc[0]) // BLOCK_Q + s` onwards (at least cdiv(q_len,
+BLOCK_Q) of them; query rows count from query_start_loc[0], so the table of a mixed step's
+prefill chunks is a view of the step's whole table, with no kernel to shift it), so
 
     grid = (num_tokens // BLOCK_Q + num_seqs, num_kv_heads)
 
@@ -82,16 +84,18 @@ ATTENTION_TILES: Final = TileTable(
 @triton.jit
 def _find_seq_idx(  # type: ignore[no-untyped-def]
     query_start_loc_ptr,
+    q_base,  # query_start_loc[0]
     q_block,
     num_seqs,
     BLOCK_Q: tl.constexpr,
 ):
-    """Largest s with query_start_loc[s] // BLOCK_Q + s <= q_block (binary search)."""
+    """Largest s with (query_start_loc[s] - q_base) // BLOCK_Q + s <= q_block (binary
+    search)."""
     lo = 0
     hi = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
-        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        first_block = (tl.load(query_start_loc_ptr + mid) - q_base) // BLOCK_Q + mid
         if first_block <= q_block:
             lo = mid + 1
         else:
@@ -134,9 +138,10 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = _find_seq_idx(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_base = tl.load(query_start_loc_ptr)
+    seq = _find_seq_idx(query_start_loc_ptr, q_base, q_block, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq) - q_base  # the sequence's first query row
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_base - q_start
     q_block_local = q_block - (q_start // BLOCK_Q + seq)
     if q_block_local * BLOCK_Q >= q_len:
         return
@@ -247,9 +252,7 @@ def paged_attention(
     )
     tiles = ATTENTION_TILES.lookup(cdiv(query.shape[0] - d, num_seqs - d))
     chunk_args = (query[d:], key_cache, value_cache, block_tables[d:], seq_lens[d:])
-    launch_paged_attention(
-        *chunk_args, query_start_loc[d:] - d, scale, sliding_window, tiles, out[d:]
-    )
+    launch_paged_attention(*chunk_args, query_start_loc[d:], scale, sliding_window, tiles, out[d:])
     return out
 
 
@@ -266,7 +269,7 @@ def launch_paged_attention(
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]: written in place
 ) -> torch.Tensor:
     """`paged_attention` with the given tiles instead of the table's (one launch, no decode
-    split), into `out` (a new tensor if None)."""
+    split), into `out` (a new tensor if None). Query rows count from query_start_loc[0]."""
     args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
     check_paged_attention_args(OP, *args, sliding_window)
     num_tokens, num_heads, head_dim = query.shape
