@@ -252,9 +252,11 @@ async def one_request(
 async def send_share(
     base_url: str, key: str, models: list[str], prompts: dict[int, list[int]], rate: float,
     output_len: int, seed: int,
-) -> tuple[float, float, list[tuple[float | None, list[float], int]]]:  # fmt: skip
+) -> tuple[float, float, list[tuple[float | None, list[float], int]], float]:  # fmt: skip
     """Send `prompts` ({request index: prompt}) as a Poisson process at `rate`; (wall-clock
-    start, end, each request's (TTFT, inter-token gaps, output tokens))."""
+    start, end, each request's (TTFT, inter-token gaps, output tokens), this process's CPU
+    seconds)."""
+    cpu = time.process_time()
     rng = random.Random(seed)
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=3600)
     tasks = []
@@ -268,12 +270,12 @@ async def send_share(
     results = await asyncio.gather(*tasks)
     end = time.time()
     await client.close()
-    return start, end, list(results)
+    return start, end, list(results), time.process_time() - cpu
 
 
 def client_process(
     share: tuple,
-) -> tuple[float, float, list[tuple[float | None, list[float], int]]]:
+) -> tuple[float, float, list[tuple[float | None, list[float], int]], float]:
     return asyncio.run(send_share(*share))
 
 
@@ -291,8 +293,8 @@ def run_rate(
         for c in range(num_clients)
     ]  # fmt: skip
     parts = list(clients.map(client_process, shares))
-    elapsed = max(end for _, end, _ in parts) - min(start for start, _, _ in parts)
-    results = [r for _, _, rs in parts for r in rs]
+    elapsed = max(end for _, end, _, _ in parts) - min(start for start, _, _, _ in parts)
+    results = [r for _, _, rs, _ in parts for r in rs]
     ttfts = [r[0] for r in results if r[0] is not None]
     gaps = [g for r in results for g in r[1]]
     num_tokens = sum(r[2] for r in results)
@@ -303,6 +305,9 @@ def run_rate(
         "output_tok_s": num_tokens / elapsed,
         "ttft_s": percentiles(ttfts),
         "itl_s": percentiles(gaps),
+        # The busiest client process's CPU time over the round: near 1.0, the clients may be
+        # what limits the round (more --client-processes), not the server.
+        "client_cpu_share_max": max(cpu for _, _, _, cpu in parts) / elapsed,
     }
 
 
