@@ -92,13 +92,15 @@ for step in $steps; do
     quant) # bf16 vs FP8 vs AWQ-4bit (random weights at the Llama-3-8B shape, 0 and 8 adapters):
            # W1 (512 x 512/128) and decode-heavy (64 x 128/512); each run reports weights bytes.
            # The six runs do not fit one 10-minute command: choose with QUANTS (none fp8 awq) and
-           # QUANT_RUNS (w1 decode), adapter counts with QUANT_ADAPTERS.
+           # QUANT_RUNS (w1 decode), adapter counts with QUANT_ADAPTERS. QUANT_KERNEL_TOTALS=1:
+           # each W1 run's GPU time per kernel too (LoRA kernels against the rest).
            qfail=0
            for q in ${QUANTS:-none fp8 awq}; do
+             totals=(); [ "${QUANT_KERNEL_TOTALS:-0}" = 1 ] && totals=(--kernel-totals "$OUT/kernel_totals_w1_$q.txt")
              [[ " ${QUANT_RUNS:-w1 decode} " == *" w1 "* ]] && { limit ${QUANT_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
                --device cuda --quantization "$q" --skip-hf --num-prompts 512 --min-prompt 512 \
                --max-prompt 512 --output-len 128 --adapters "${QUANT_ADAPTERS:-0,8}" --skip-breakdown \
-               --json "$OUT/quant_w1_$q.json" ${QUANT_ARGS:-} 2>&1 | grep -v Loading \
+               "${totals[@]}" --json "$OUT/quant_w1_$q.json" ${QUANT_ARGS:-} 2>&1 | grep -v Loading \
                | tee "$OUT/quant_w1_$q.txt" || qfail=1; }
              [[ " ${QUANT_RUNS:-w1 decode} " == *" decode "* ]] && { limit ${QUANT_TIMEOUT:-180} python3 bench/offline_throughput.py --shape llama3-8b \
                --device cuda --quantization "$q" --skip-hf --num-prompts 64 --min-prompt 128 \
