@@ -8,8 +8,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from loraplex.engine.cache_sizing import allocate_kv_cache
 from loraplex.engine.config import EngineConfig
-from loraplex.engine.distributed.lora_sharding import shard_module_shapes
 from loraplex.engine.distributed.sharding import create_tp_layouts
 from loraplex.engine.distributed.tp_runner import TensorParallelRunner
 from loraplex.engine.engine_args import create_engine_config
@@ -18,10 +18,7 @@ from loraplex.engine.errors import (
     InvalidParameterError,
 )
 from loraplex.engine.kv_cache import KVCacheManager
-from loraplex.engine.kv_cache.kv_cache_manager import cdiv
-from loraplex.engine.lora.adapter import lora_module_shapes
 from loraplex.engine.lora.lora_manager import LoRAManager
-from loraplex.engine.lora.page_layout import max_adapter_pages
 from loraplex.engine.lora.waiting_checks import failed_adapter_requests
 from loraplex.engine.output_processor import OutputProcessor
 from loraplex.engine.request import (
@@ -57,22 +54,17 @@ class LLMEngine:
         )
         # Set when the engine stopped for good (a tensor-parallel worker died): no more steps.
         self.dead: EngineDeadError | None = None
-        arch, block_size = self.runner.arch, config.cache.block_size
-        max_model_len = config.model.max_model_len or arch.max_position_embeddings
-        max_model_len = min(max_model_len, arch.max_position_embeddings)
-        max_kv_blocks = config.scheduler.max_num_seqs * cdiv(max_model_len, block_size)
-        num_blocks = self.runner.determine_num_blocks(max_kv_blocks + self._max_lora_blocks())
-        self.runner.initialize_kv_cache(num_blocks)
-        num_cpu_blocks = self.runner.num_swap_blocks(max_kv_blocks)
-        self.runner.initialize_swap_space(num_cpu_blocks)
-        # A lone request must always fit the pool, so nothing can wait for blocks forever.
-        self.max_model_len = min(max_model_len, num_blocks * block_size)
+        sizes = allocate_kv_cache(config, self.runner)
+        self.max_model_len = sizes.max_model_len
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, block_size, config.cache.enable_prefix_caching, num_cpu_blocks
+            sizes.num_blocks,
+            config.cache.block_size,
+            config.cache.enable_prefix_caching,
+            sizes.num_cpu_blocks,
         )
         self.lora_manager: LoRAManager | None = None
         if config.lora.enable_lora:
-            tp = self.runner.tp
+            arch, tp = self.runner.arch, self.runner.tp
             self.lora_manager = LoRAManager(
                 config.lora,
                 arch,
@@ -114,21 +106,6 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, model: str, **kwargs: Any) -> LLMEngine:
         return cls(create_engine_config(model, **kwargs))
-
-    def _max_lora_blocks(self) -> int:
-        """KV blocks adapters could ever use (pages of max_gpu_loras largest adapters; the CPU
-        cache's worth on the CPU, where the pool is host memory)."""
-        lora = self.config.lora
-        if not lora.enable_lora:
-            return 0
-        arch, tp = self.runner.arch, self.runner.tp
-        page_size = 2 * self.config.cache.block_size * self.runner.num_kv_heads * arch.head_dim
-        shapes = lora_module_shapes(arch)
-        if tp is not None:  # a rank's shard of each adapter (the same size on every rank)
-            shapes = shard_module_shapes(shapes, tp.layout)
-        pages = max_adapter_pages(lora.max_lora_rank, shapes, page_size)
-        count = lora.max_gpu_loras if self.runner.device.type == "cuda" else lora.max_cpu_loras
-        return count * pages
 
     # ---- requests ----------------------------------------------------------------------
 
