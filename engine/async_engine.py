@@ -134,7 +134,7 @@ class AsyncEngine:
         config = create_engine_config(model, **kwargs)
         if engine_process:
             return cls(ProcessTransport(config), Tokenizer.from_model_dir(model), model)
-        engine = LLMEngine(config)
+        engine = LLMEngine(config, output_deltas=True)
         return cls(ThreadTransport(engine), engine.tokenizer, model)
 
     @property

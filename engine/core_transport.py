@@ -97,7 +97,7 @@ def _core_main(config: EngineConfig, conn: Connection) -> None:
     the pipe's end closes and the loop ends on the EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        engine = LLMEngine(config)
+        engine = LLMEngine(config, output_deltas=True)
     except BaseException as exc:
         conn.send(exc)
         raise

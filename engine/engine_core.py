@@ -155,9 +155,8 @@ class EngineCore:
         self.engine = engine
         self._receive = receive
         self._send = send
-        self._sent: dict[
-            str, list[tuple[int, int, int]]
-        ] = {}  # per completion: tokens, text, logprobs
+        assert engine.output_processor.deltas, "build the engine with output_deltas=True"
+        self._live: set[str] = set()  # requests added and not finished or aborted
         self._loads: list[AdapterLoad] = []
         self._last_stats = 0.0
         self._last_state: tuple[int, int, int] = (-1, -1, -1)
@@ -223,10 +222,10 @@ class EngineCore:
             except Exception as exc:  # the caller raises it
                 message.results.append(CommandResult(request_id=command.request_id, error=exc))
             else:
-                self._sent[command.request_id] = []
+                self._live.add(command.request_id)
                 message.results.append(CommandResult(request_id=command.request_id))
         elif isinstance(command, AbortRequest):
-            if command.request_id in self._sent:
+            if command.request_id in self._live:
                 self._add_outputs(engine.abort_request(command.request_id), message)
         elif isinstance(command, AdapterCommand):
             try:
@@ -241,34 +240,26 @@ class EngineCore:
                 message.results.append(CommandResult(command_id=command.command_id, value=value))
 
     def _abort_all(self, message: StepMessage) -> None:
-        for request_id in list(self._sent):
+        for request_id in list(self._live):
             self._add_outputs(self.engine.abort_request(request_id), message)
 
     def _add_outputs(self, outputs: list[RequestOutput], message: StepMessage) -> None:
         for output in outputs:
-            sent = self._sent.get(output.request_id)
-            if sent is None:
+            if output.request_id not in self._live:
                 continue  # aborted earlier: nothing more to say
-            message.deltas.append(self._delta(output, sent))
+            message.deltas.append(self._delta(output))
             if output.finished:
-                del self._sent[output.request_id]
+                self._live.discard(output.request_id)
 
     @staticmethod
-    def _delta(output: RequestOutput, sent: list[tuple[int, int, int]]) -> OutputDelta:
-        """What `output` adds to what was sent; updates `sent`."""
-        completions = []
-        for c in output.outputs:
-            if c.index >= len(sent):
-                sent.append((0, 0, 0))
-            num_tokens, text_len, num_logprobs = sent[c.index]
-            logprobs = None if c.logprobs is None else c.logprobs[num_logprobs:]
-            completions.append(
-                CompletionDelta(
-                    c.index, c.token_ids[num_tokens:], c.text[text_len:], logprobs,
-                    c.finish_reason, c.stop_reason,
-                )
-            )  # fmt: skip
-            sent[c.index] = (len(c.token_ids), len(c.text), len(c.logprobs or ()))
+    def _delta(output: RequestOutput) -> OutputDelta:
+        """`output` (already a delta: the engine's `output_deltas`) as a message record."""
+        completions = [
+            CompletionDelta(
+                c.index, c.token_ids, c.text, c.logprobs, c.finish_reason, c.stop_reason
+            )
+            for c in output.outputs
+        ]
         return OutputDelta(
             output.request_id, completions, output.finished, output.num_cached_tokens, output.error
         )

@@ -42,7 +42,9 @@ EMPTY_STEP_WAIT_S = 0.001
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, output_deltas: bool = False) -> None:
+        """`output_deltas`: `step` returns what each request gained since its last output
+        rather than everything so far (OutputProcessor)."""
         self.config = config
         if config.scheduler.switch_interval_ms is not None:
             sys.setswitchinterval(config.scheduler.switch_interval_ms / 1000)
@@ -85,7 +87,7 @@ class LLMEngine:
             adapter_gate=self.lora_manager,
             on_finish=self._on_request_finished,
         )
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, deltas=output_deltas)
         self.num_generated_tokens = 0
         self.num_steps = 0
         self.num_scheduled_tokens = 0  # tokens computed by the steps (prefill and decode)

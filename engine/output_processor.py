@@ -11,6 +11,11 @@ step's forward runs on the GPU, and its output comes out with the next step's ou
 
     step N:    schedule, forward(N) ─┬─ flush(): outputs of step N-1's deferred users
                                      └─ sample, update, process(N): the others now, the rest deferred
+
+Outputs are cumulative (everything so far, as `LLM.generate` returns) or, with `deltas`, only
+what each completion gained since the request's last output (the engine core's messages): a
+step's outputs then cost the same however long the completions have grown, where cumulative ones
+copy every token id of every running request at every step.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ class _Completion:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: list[_Logprobs] | None = None
+    # With deltas: what earlier outputs held (token ids, characters of text, logprobs).
+    num_sent_tokens: int = 0
+    num_sent_chars: int = 0
+    num_sent_logprobs: int = 0
 
 
 @dataclass
@@ -46,8 +55,10 @@ class _UserRequest:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, deltas: bool = False) -> None:
+        """`deltas`: outputs hold only what is new since the request's last output."""
         self.tokenizer = tokenizer
+        self.deltas = deltas
         self._users: dict[str, _UserRequest] = {}
         self._child_to_user: dict[str, tuple[str, int]] = {}
         # Deferred completions whose newest token is not detokenized yet (with its logprobs),
@@ -96,8 +107,7 @@ class OutputProcessor:
             touched[user.request_id] = user
         outputs, self._ready = self._ready, {}
         for user_id, user in touched.items():
-            outputs.pop(user_id, None)  # this step's output supersedes the flushed one
-            outputs[user_id] = self._output(user)
+            outputs[user_id] = self._after(outputs.pop(user_id, None), self._output(user))
         return list(outputs.values()), stopped
 
     def flush(self) -> None:
@@ -145,8 +155,10 @@ class OutputProcessor:
             if completion.finish_reason is None:
                 completion.finish_reason = finish_reason
             touched[user_id] = user
-            self._ready.pop(user_id, None)  # superseded by the output returned here
-        return [self._output(user) for user in touched.values()]
+        return [
+            self._after(self._ready.pop(user_id, None), self._output(user))
+            for user_id, user in touched.items()
+        ]
 
     def _advance(self, completion: _Completion, finished: bool) -> bool:
         """Detokenize the newest token (`finished`: the step that sampled it finished the
@@ -175,21 +187,10 @@ class OutputProcessor:
         return False
 
     def _output(self, user: _UserRequest) -> RequestOutput:
-        outputs = []
-        for index, c in enumerate(user.completions):
-            text = c.text
-            if c.finish_reason is None:
-                text = text[: len(text) - self._holdback(c)]
-            outputs.append(
-                CompletionOutput(
-                    index=index,
-                    text=text,
-                    token_ids=list(c.request.output_token_ids),
-                    finish_reason=c.finish_reason,
-                    logprobs=c.logprobs,
-                    stop_reason=c.stop_reason,
-                )
-            )
+        outputs = [
+            self._delta(index, c) if self.deltas else self._cumulative(index, c)
+            for index, c in enumerate(user.completions)
+        ]
         finished = user.finished
         if finished:
             self._forget(user)
@@ -202,6 +203,54 @@ class OutputProcessor:
             num_cached_tokens=user.completions[0].request.num_cached_tokens,
             error=next((c.request.error for c in user.completions if c.request.error), None),
         )
+
+    def _cumulative(self, index: int, c: _Completion) -> CompletionOutput:
+        return CompletionOutput(
+            index=index,
+            text=c.text[: self._visible_chars(c)],
+            token_ids=list(c.request.output_token_ids),
+            finish_reason=c.finish_reason,
+            logprobs=None if c.logprobs is None else list(c.logprobs),  # kept intact later
+            stop_reason=c.stop_reason,
+        )
+
+    def _delta(self, index: int, c: _Completion) -> CompletionOutput:
+        """What `c` gained since its last output; marks it sent. The visible text only grows:
+        a stop string cuts the text no earlier than the held-back part (`_holdback`)."""
+        token_ids = c.request.output_token_ids
+        visible = max(self._visible_chars(c), c.num_sent_chars)
+        logprobs = None
+        if c.logprobs is not None:
+            logprobs = c.logprobs[c.num_sent_logprobs :]
+            c.num_sent_logprobs = len(c.logprobs)
+        output = CompletionOutput(
+            index=index,
+            text=c.text[c.num_sent_chars : visible],
+            token_ids=token_ids[c.num_sent_tokens :],
+            finish_reason=c.finish_reason,
+            logprobs=logprobs,
+            stop_reason=c.stop_reason,
+        )
+        c.num_sent_tokens, c.num_sent_chars = len(token_ids), visible
+        return output
+
+    def _after(self, earlier: RequestOutput | None, later: RequestOutput) -> RequestOutput:
+        """The output that replaces `earlier` (made by `flush`, not returned yet) by `later`
+        of the same request: `later` itself when cumulative, the two deltas joined else."""
+        if earlier is None or not self.deltas:
+            return later
+        for old, new in zip(earlier.outputs, later.outputs, strict=True):
+            new.token_ids[:0] = old.token_ids
+            new.text = old.text + new.text
+            if new.logprobs is not None:
+                new.logprobs[:0] = old.logprobs or []
+        return later
+
+    def _visible_chars(self, c: _Completion) -> int:
+        """How much of c's text may be shown now (never taken back later)."""
+        if c.finish_reason is not None:
+            return len(c.text)
+        return max(0, len(c.text) - self._holdback(c))
 
     @staticmethod
     def _holdback(completion: _Completion) -> int:

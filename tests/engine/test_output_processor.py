@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from loraplex.engine import LLM, SamplingParams
+from loraplex.engine import SamplingParams
+from loraplex.engine.engine_args import create_engine_config
 from loraplex.engine.llm_engine import LLMEngine
+from loraplex.engine.request import RequestOutput
 from loraplex.engine.runner.model_runner import PendingOutput
 
 PROMPT = [5, 6, 7, 8]
@@ -20,8 +22,11 @@ DEFERRED = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 SYNCHRONOUS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop=["\x00"])
 
 
-def make_engine(checkpoint: Path) -> LLMEngine:
-    return LLM(str(checkpoint), device="cpu", num_kv_blocks=32, enable_prefix_caching=False).engine
+def make_engine(checkpoint: Path, output_deltas: bool = False) -> LLMEngine:
+    config = create_engine_config(
+        str(checkpoint), device="cpu", num_kv_blocks=32, enable_prefix_caching=False
+    )
+    return LLMEngine(config, output_deltas=output_deltas)
 
 
 def completions(engine: LLMEngine, params: SamplingParams) -> list[tuple[list[int], str, bool]]:
@@ -100,3 +105,51 @@ def test_the_deferred_text_is_made_while_the_forward_runs(
     events.clear()
     engine.step()
     assert events[:3] == ["forward", "flush", "wait"]
+
+
+def each_step(engine: LLMEngine, requests: dict[str, SamplingParams]) -> list[list[RequestOutput]]:
+    for request_id, params in requests.items():
+        engine.add_request(request_id, PROMPT, params)
+    steps = []
+    while engine.has_unfinished_requests():
+        steps.append(engine.step())
+    steps.append(engine.abort_request("aborted"))  # already finished: nothing
+    return steps
+
+
+def test_deltas_add_up_to_the_cumulative_outputs_step_by_step(llama_checkpoint: Path) -> None:
+    plain = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    (text,) = [
+        o.outputs[0].text for o in each_step(make_engine(llama_checkpoint), {"r": plain})[-2]
+    ]
+    stop = text[len(text) // 2 :][:2]  # matches mid-way: text was held back, then cut
+    assert len(stop) == 2
+    requests = {
+        "deferred": plain,
+        "stopped": SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop]),
+        "sampled": SamplingParams(max_tokens=10, n=2, seed=3, logprobs=2, ignore_eos=True),
+    }
+    cumulative = each_step(make_engine(llama_checkpoint), requests)
+    deltas = each_step(make_engine(llama_checkpoint, output_deltas=True), requests)
+    assert len(deltas) == len(cumulative)
+    so_far: dict[tuple[str, int], tuple[list[int], str, list[object]]] = {}
+    for step, (expected, got) in enumerate(zip(cumulative, deltas, strict=True)):
+        assert [o.request_id for o in got] == [o.request_id for o in expected], step
+        for want, delta in zip(expected, got, strict=True):
+            assert delta.finished == want.finished
+            for w, d in zip(want.outputs, delta.outputs, strict=True):
+                ids, text, logprobs = so_far.get((want.request_id, w.index), ([], "", []))
+                so_far[want.request_id, w.index] = (
+                    ids + d.token_ids,
+                    text + d.text,
+                    logprobs + (d.logprobs or []),
+                )
+                assert so_far[want.request_id, w.index] == (
+                    w.token_ids,
+                    w.text,
+                    w.logprobs or [],
+                ), (step, want.request_id, w.index)
+                assert (d.finish_reason, d.stop_reason) == (w.finish_reason, w.stop_reason)
+    finished = {o.request_id: o.outputs[0] for step in cumulative for o in step if o.finished}
+    assert finished["stopped"].stop_reason == stop
+    assert len(finished["sampled"].token_ids) == 10
