@@ -117,7 +117,9 @@ def _silu_and_mul_column_tile(  # type: ignore[no-untyped-def]
     tl.store(out_rows + offs_n[None, :], (act * up).to(dtype), mask=mask)
 
 
-@triton.jit
+# Counts that change with every step (bounds and comparisons only): one compiled variant for all
+# of them, not one per class of values (1, a multiple of 16, any other).
+@triton.jit(do_not_specialize=["num_tokens", "num_segment_grid"])
 def _silu_and_mul_lora_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     lora_out_ptr,

@@ -60,7 +60,8 @@ W4A16_TILES: TileTable[W4A16Tiles] = TileTable(
 DEQUANT_MIN_M = 65  # from this many rows: dequantize W once, then cuBLAS
 
 
-@triton.jit
+# M (rows of x) changes with every step: one compiled variant for all, not one per class of values.
+@triton.jit(do_not_specialize=["M"])
 def _w4a16_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     qweight_ptr,

@@ -1,0 +1,122 @@
+"""Steps of different sizes launch one compiled variant of a kernel, not one per size class.
+
+Triton keys each compiled kernel on every int argument's class of value (1, a multiple of 16,
+any other) and on every pointer's 16-byte alignment, unless the kernel says not to
+(`do_not_specialize`, `do_not_specialize_on_alignment`). An argument that changes from step to
+step would make a server compile a new variant, a pause of its step loop, whenever a new class
+turns up mid-serving. These tests record real launches at several step sizes and compare the
+keys Triton computes for them (its own specialization function, on the recorded arguments).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from loraplex.kernels.triton.paged_attention import _paged_attention_kernel, paged_attention
+from loraplex.kernels.triton.silu_and_mul_lora import (
+    SILU_LORA_TILES,
+    _silu_and_mul_lora_kernel,
+    launch_silu_and_mul_lora,
+)
+from tests.kernels.lora_inputs import lora_case, make_inputs, poisoned_lora_out
+from tests.kernels.paged_inputs import make_paged_batch
+
+triton_compiler = pytest.importorskip("triton.backends.compiler")
+libtriton = pytest.importorskip("triton._C.libtriton")
+if not hasattr(libtriton, "native_specialize_impl"):
+    pytest.skip("this Triton has no native_specialize_impl", allow_module_level=True)
+
+
+def not_specialized(kernel: Any) -> tuple[set[str], set[str]]:
+    """(int arguments kept out of the key, pointers whose alignment is kept out)."""
+    names = list(inspect.signature(kernel.fn).parameters)
+    options = getattr(kernel, "kwargs", None)  # the interpreter's function keeps them here
+    if options is None:
+        return (
+            {p.name for p in kernel.params if p.do_not_specialize},
+            {p.name for p in kernel.params if p.do_not_specialize_on_alignment},
+        )
+
+    def named(entries: list[int | str] | None) -> set[str]:
+        return {names[e] if isinstance(e, int) else e for e in entries or ()}
+
+    return named(options.get("do_not_specialize")), named(
+        options.get("do_not_specialize_on_alignment")
+    )
+
+
+def specialization_key(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple:
+    """What Triton compiles a variant for: each argument's specialization, and the constexprs."""
+    names = list(inspect.signature(kernel.fn).parameters)
+    no_value, no_alignment = not_specialized(kernel)
+    key: list[object] = []
+    for name, value in zip(names, args, strict=False):
+        if isinstance(value, bool) or not isinstance(value, int | torch.Tensor):
+            key.append(type(value).__name__)  # floats and the like: never specialized
+            continue
+        key.append(
+            libtriton.native_specialize_impl(
+                triton_compiler.BaseBackend,
+                value,
+                False,
+                name not in no_value,
+                name not in no_alignment,
+            )  # fmt: skip
+        )
+    return (*key, tuple(sorted(kwargs.items())))
+
+
+@contextmanager
+def recorded_keys(kernel: Any) -> Iterator[list[tuple]]:
+    """The specialization key of each launch of `kernel` inside the block."""
+    keys: list[tuple] = []
+    run: Callable[..., Any] = kernel.run
+
+    def recording_run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        keys.append(specialization_key(kernel, args, kwargs))
+        return run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    kernel.run = recording_run
+    try:
+        yield keys
+    finally:
+        del kernel.run
+
+
+def test_mixed_steps_of_any_size_share_one_attention_variant(
+    triton_kernels: ModuleType, device: torch.device
+) -> None:
+    """Leading decodes, then chunks of 3 tokens: the chunks' launch reads views of the tables
+    that start after the decodes, at 1, 2, 3 or 4 entries (aligned or not), for 1, 2 or 16
+    chunks (a count of 1, of any other, a multiple of 16)."""
+    with recorded_keys(_paged_attention_kernel) as keys:
+        for num_decodes, num_chunks in [(1, 1), (2, 2), (3, 16), (4, 2)]:
+            q_lens = [1] * num_decodes + [3] * num_chunks
+            seq_lens = [5 + s % 4 for s in range(num_decodes)] + [7] * num_chunks
+            batch = make_paged_batch(seq_lens, q_lens, 2, 1, 16, 4, torch.float32, device)
+            paged_attention(*batch.args, 0.25, num_decode_seqs=num_decodes)
+    assert len(keys) == 4 and len(set(keys)) == 1
+
+
+def test_fused_activation_steps_of_any_size_share_one_variant(
+    triton_kernels: ModuleType, device: torch.device
+) -> None:
+    """silu_and_mul_lora at 1, 16 and 17 tokens of one adapter (one tile row of the table)."""
+    tiles = SILU_LORA_TILES.lookup(1)
+    assert SILU_LORA_TILES.lookup(17) == tiles
+    with recorded_keys(_silu_and_mul_lora_kernel) as keys:
+        for num_tokens in [1, 16, 17]:
+            case = lora_case([[8], [8]], [num_tokens], 0, 16, (24, 24), 256)
+            inputs = make_inputs(case, torch.float32, device)
+            x = torch.randn(num_tokens, 48, device=device)
+            tables = (inputs.pages, inputs.page_table, inputs.first_b, inputs.lora_ranks)
+            args = (x, poisoned_lora_out(inputs), *tables, inputs.scalings, *inputs.mapping)
+            launch_silu_and_mul_lora(*args, tiles)
+    assert len(keys) == 3 and len(set(keys)) == 1
