@@ -79,6 +79,7 @@ class LLMEngine:
             )
         self.runner.initialize_lora(self.lora_manager)
         self.runner.capture_cuda_graphs(self.max_model_len, self.lora_manager)
+        self.runner.warm_up_kernels(self.lora_manager)
         self.scheduler = Scheduler(
             config.scheduler,
             self.kv_cache_manager,

@@ -20,6 +20,8 @@ from loraplex.kernels.dispatch import (
     silu_and_mul_lora,
     silu_and_mul_quant_fp8,
     w4a16_gemm,
+    warmup_decode_sizes,
+    warmup_step_shapes,
 )
 from loraplex.kernels.lora_mapping import build_lora_mapping
 
@@ -40,4 +42,6 @@ __all__ = [
     "silu_and_mul_lora",
     "silu_and_mul_quant_fp8",
     "w4a16_gemm",
+    "warmup_decode_sizes",
+    "warmup_step_shapes",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -51,6 +51,29 @@ def _triton_available() -> bool:
 
 def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and _triton_available()
+
+
+def warmup_step_shapes(
+    device: torch.device, max_tokens: int, slot_tables: Sequence[int]
+) -> list[tuple[int, int | None]]:
+    """(tokens, LoRA slot table or None) of one-sequence steps that together launch every
+    compiled variant of the Triton kernels that steps of up to `max_tokens` tokens can need
+    (`triton/launch_classes.py`); none where `device`'s steps run no Triton kernel."""
+    if device.type != "cuda" or not _triton_available():
+        return []
+    from loraplex.kernels.triton.launch_classes import warmup_shapes
+
+    return warmup_shapes(max_tokens, slot_tables)
+
+
+def warmup_decode_sizes(device: torch.device, max_num_seqs: int, num_kv_heads: int) -> list[int]:
+    """Batch sizes of decode steps that launch every variant of the split-KV decode kernel;
+    none where `device`'s steps run no Triton kernel."""
+    if device.type != "cuda" or not _triton_available():
+        return []
+    from loraplex.kernels.triton.launch_classes import decode_warmup_sizes
+
+    return decode_warmup_sizes(max_num_seqs, num_kv_heads)
 
 
 # The Triton package is imported on the first CUDA call only, so CPU hosts need no Triton.

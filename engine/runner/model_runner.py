@@ -23,6 +23,7 @@ from loraplex.engine.model.weight_loader import load_model, resolve_device
 from loraplex.engine.request import Request
 from loraplex.engine.runner.cuda_graph import CUDAGraphRunner
 from loraplex.engine.runner.input_batch import ModelInputs, prepare_inputs
+from loraplex.engine.runner.kernel_warmup import warm_up_kernels
 from loraplex.engine.sampler import SampledTensors, Sampler
 from loraplex.engine.sampling_metadata import PAD_TOKEN_ID, SamplingMetadata, create_generator
 from loraplex.engine.scheduler.output import BlockCopies, ModelRunnerOutput, SchedulerOutput
@@ -84,6 +85,21 @@ class ModelRunner:
             self.device,
         )
         self.cuda_graphs.capture()
+
+    def warm_up_kernels(self, lora_manager: LoRAManager | None) -> None:
+        """Compile the kernels of every step shape before serving (kernel_warmup.py; where
+        steps run Triton kernels, and not yet under tensor parallelism)."""
+        if self.tp is not None:
+            return
+        scheduler = self.config.scheduler
+        warm_up_kernels(
+            self.model,
+            self.kv_caches,
+            lora_manager,
+            scheduler.max_num_seqs,
+            scheduler.max_num_batched_tokens,
+            self.device,
+        )
 
     # ---- KV cache --------------------------------------------------------------------------
 
