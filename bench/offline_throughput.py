@@ -264,6 +264,7 @@ def main() -> None:
         )
 
     counts = [int(c) for c in args.adapters.split(",")] if args.adapters else [0]
+    start_up = time.perf_counter()
     llm = LLM(
         str(model_dir),
         device=args.device,
@@ -281,6 +282,9 @@ def main() -> None:
         tensor_parallel_size=args.tensor_parallel_size,
         async_scheduling=not args.no_async_scheduling,
     )
+    start_up = time.perf_counter() - start_up
+    results["start_up_seconds"] = start_up
+    print(f"engine start-up (load, graphs, kernel warm-up): {start_up:.1f} s", flush=True)
     total_bytes, linear_bytes = weights_bytes(llm)
     results["weights_bytes"], results["linear_weights_bytes"] = total_bytes, linear_bytes
     print(
