@@ -7,7 +7,7 @@ request's slot (-1 without an adapter), and `build_lora_mapping` groups the toke
     slots      a -> 0, b -> 1    token_slots [0, 0, -1, 1, 0]
 
 A handful of tiny CPU ops and one host-to-device copy of the packed tensors, instead of as
-many GPU launches (and a sort) ahead of every step.
+many GPU launches (and a sort) ahead of every step. Each table starts 16-byte aligned.
 
 The slot tables hold `slot_table_size` slots: the step's adapters rounded up to a power of two,
 not `max_batch_loras`. The kernels size their grids and their per-program slot search by the
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.engine.device_copy import tensor_to_device
+from loraplex.engine.device_copy import PACK_ALIGN_BYTES, tensor_to_device
 from loraplex.kernels import build_lora_mapping
 
 MIN_SLOT_TABLE = 8  # the smallest table: steps of 1-8 adapters share one kernel variant
@@ -69,14 +69,29 @@ def map_step(
         torch.tensor(tokens_per_request), output_size=sum(tokens_per_request)
     )
     num_slots = slot_table_size(len(adapters), max_batch_loras)
-    slot_adapters = torch.zeros(num_slots + 1, dtype=torch.int32)
+    slot_adapters = torch.zeros(num_slots, dtype=torch.int32)
     slot_adapters[: len(adapters)] = torch.tensor(
         [resident_id(h) for h in adapters], dtype=torch.int32
     )
-    slot_adapters[-1] = len(adapters)  # num_active_slots, riding on the same copy
+    num_active_slots = torch.tensor([len(adapters)], dtype=torch.int32)
     sorted_token_ids, slot_start_loc = build_lora_mapping(token_slots, num_slots)
-    packed = torch.cat([slot_start_loc, slot_adapters, sorted_token_ids])
-    sizes = [slot_start_loc.shape[0], slot_adapters.shape[0], sorted_token_ids.shape[0]]
-    slot_start_loc, slot_adapters, sorted_token_ids = tensor_to_device(packed, device).split(sizes)
-    mapping = StepMapping(sorted_token_ids, slot_start_loc, slot_adapters[:-1], slot_adapters[-1:])
-    return adapters, mapping
+    tables = [slot_start_loc, slot_adapters, num_active_slots, sorted_token_ids]
+    slot_start_loc, slot_adapters, num_active_slots, sorted_token_ids = _aligned_on_device(
+        tables, device
+    )
+    return adapters, StepMapping(sorted_token_ids, slot_start_loc, slot_adapters, num_active_slots)
+
+
+_ALIGN = PACK_ALIGN_BYTES // 4  # int32s
+_PADDING = torch.zeros(_ALIGN, dtype=torch.int32)
+
+
+def _aligned_on_device(tables: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """int32 tables on `device` in one copy, each starting PACK_ALIGN_BYTES-aligned, as the
+    decode graphs' own buffers do: Triton compiles a kernel variant per pointer alignment, so
+    views at other offsets would need (and compile, mid-serving) variants of their own."""
+    pieces = []
+    for table in tables:  # each followed by zeros up to the next aligned offset
+        pieces += [table, _PADDING[: -table.numel() % _ALIGN]]
+    on_device = tensor_to_device(torch.cat(pieces), device)
+    return list(on_device.split([piece.numel() for piece in pieces])[::2])

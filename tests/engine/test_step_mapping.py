@@ -40,6 +40,23 @@ def test_map_step_sizes_the_tables_to_the_steps_adapters() -> None:
     assert rest == [t for t, th in enumerate(token_hashes) if th is None]
 
 
+@pytest.mark.parametrize(
+    ("num_adapters", "max_batch_loras", "num_tokens"),
+    [(1, 256, 1), (3, 5, 7), (20, 256, 1000), (6, 6, 13)],
+)
+def test_map_step_tables_start_16_byte_aligned(
+    num_adapters: int, max_batch_loras: int, num_tokens: int
+) -> None:
+    """As the decode graphs' buffers do: Triton compiles a variant per pointer alignment."""
+    hashes = [f"h{i % num_adapters}" for i in range(num_tokens)]
+    _, mapping = map_step(
+        hashes, [1] * num_tokens, lambda h: 1, max_batch_loras, torch.device("cpu")
+    )
+    assert mapping is not None
+    assert [t.data_ptr() % 16 for t in mapping.tensors()] == [0, 0, 0, 0]
+    assert mapping.num_active_slots.tolist() == [num_adapters]
+
+
 def test_map_step_without_adapters_maps_nothing() -> None:
     assert map_step([None, None], [3, 1], lambda h: 0, 8, torch.device("cpu")) == ([], None)
 
