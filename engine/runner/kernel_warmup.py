@@ -100,15 +100,24 @@ def _forward(
     lora = None
     if slot_table is not None:
         assert lora_manager is not None
-        lora = lora_manager.create_graph_batch(
-            torch.arange(num_tokens, dtype=torch.int32, device=device),
-            _int32_zeros(slot_table + 1, device),  # every slot empty
-            _int32_zeros(slot_table, device),
-            _int32_zeros(1, device),  # no active slot
-        )
+        lora = lora_manager.create_graph_batch(*idle_lora_mapping(num_tokens, slot_table, device))
     positions = torch.cat([torch.arange(n, device=device) for n in query_lens])
     input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
     model(input_ids, positions, ForwardContext(attn, kv_caches, lora))
+
+
+def idle_lora_mapping(
+    num_tokens: int, slot_table: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted_token_ids, slot_start_loc, slot_adapters, num_active_slots) of a step whose
+    `slot_table` slots are all empty: every LoRA kernel launches and returns at once. Each a
+    tensor of its own, 16-byte aligned, as a step's own tables are (`map_step`)."""
+    return (
+        torch.arange(num_tokens, dtype=torch.int32, device=device),
+        _int32_zeros(slot_table + 1, device),
+        _int32_zeros(slot_table, device),
+        _int32_zeros(1, device),  # no active slot
+    )
 
 
 def _int32_zeros(shape: int | tuple[int, ...], device: torch.device) -> torch.Tensor:
