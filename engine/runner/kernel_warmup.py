@@ -5,10 +5,13 @@ Triton compiles a kernel variant the first time a launch needs it: one per row o
 table: 8, 16, ... adapters). The decode graphs compile theirs when they are captured
 (cuda_graph.py); prefill and mixed steps would compile the rest while serving, each a pause of
 the step loop for every request, the first time a step of a new size class, or a step with more
-adapters than any before, comes. `warm_up_kernels` runs one forward
-per class before the first request (`loraplex.kernels.warmup_step_shapes`: about 30 with
-adapters enabled, a few without). Each forward writes nothing: its tokens' slots are -1, and its
-LoRA batch has no active slot, so every LoRA kernel launches, finds no segment and returns.
+adapters than any before, comes. `warm_up_kernels` runs one forward per class before the first
+request (`loraplex.kernels.warmup_step_shapes`: 33 with slot tables up to 256 and a budget of
+8,192 tokens, 6 without adapters). Each forward writes nothing: its tokens' slots are -1, and
+its LoRA batch has no active slot, so every LoRA kernel launches, finds no segment and returns.
+
+A variant also follows each pointer's 16-byte alignment, so a step's own tensors must be
+aligned as the warm-up's are (`map_step`'s tables, `packed_to_device`'s inputs).
 
 On a host whose steps run no Triton kernel (CPU) there is nothing to compile and nothing runs.
 """
