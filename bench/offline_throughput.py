@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import logging
 import statistics
 import tempfile
 import time
@@ -218,6 +219,9 @@ def main() -> None:
         "--prefill-profile", help="write cProfile tables of the prefill-carrying steps here"
     )
     args = ap.parse_args()
+    # The runner's start-up lines: CUDA-graph capture and kernel warm-up, each with its time.
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("loraplex.engine.runner").setLevel(logging.INFO)
 
     dtype_name = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     dtype = getattr(torch, dtype_name)
