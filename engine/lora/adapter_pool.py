@@ -81,9 +81,14 @@ class AdapterTables:
         self.max_pages = max_pages
         device = self.device
         self.page_table = torch.zeros(max_resident, max_pages, dtype=torch.int32, device=device)
-        self.first_a = torch.zeros(NUM_SLICES, max_resident, dtype=torch.int32, device=device)
-        self.first_b = torch.zeros(NUM_SLICES, max_resident, dtype=torch.int32, device=device)
-        self.ranks = torch.zeros(NUM_SLICES, max_resident, dtype=torch.int32, device=device)
+        # Each slice's row starts 16-byte aligned (rows padded to 4 int32s): a launch reads a
+        # view from its projection's first slice, and Triton compiles a kernel variant per
+        # pointer alignment, which an eager step's range of slices must share with the graphs'.
+        row = -(-max_resident // 4) * 4
+        self.first_a, self.first_b, self.ranks = (
+            torch.zeros(NUM_SLICES, row, dtype=torch.int32, device=device)[:, :max_resident]
+            for _ in range(3)
+        )
         self.scalings = torch.zeros(max_resident, dtype=torch.float32, device=device)
         # Views the LoRA launches take at every layer of every step, made once: a view costs
         # the host a few microseconds, and a step launches hundreds. The tables are only ever

@@ -107,3 +107,14 @@ def test_an_upload_that_cannot_fit_changes_nothing() -> None:
     with pytest.raises(AssertionError):
         pool.pin("hash-9")  # not resident
     pool.check_integrity()
+
+
+@pytest.mark.parametrize("max_resident", [3, 5, 8])
+def test_every_slice_range_of_the_tables_starts_16_byte_aligned(max_resident: int) -> None:
+    """A launch reads the tables from its projection's first slice on (a range that depends on
+    the step's adapters' modules); Triton compiles a variant per pointer alignment."""
+    pool, _ = make_pool(max_resident=max_resident)
+    for start in range(len(SLICES)):
+        rows = pool.slice_rows(slice(start, len(SLICES)))
+        assert [t.data_ptr() % 16 for t in (rows.first_a, rows.first_b, rows.ranks)] == [0] * 3
+        assert rows.first_a.shape == (len(SLICES) - start, max_resident)
