@@ -41,22 +41,36 @@ PACK_ALIGN_BYTES = 16
 def packed_to_device(
     int64s: list[torch.Tensor], int32s: list[torch.Tensor], device: torch.device | str
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Host tensors on `device` in two copies without a wait (one per dtype, staged through
-    pinned memory), returned in order as contiguous views of their shapes, each starting
+    """`aligned_to_device` of each dtype's tensors: two copies."""
+    return aligned_to_device(int64s, device), aligned_to_device(int32s, device)
+
+
+def aligned_to_device(
+    tensors: list[torch.Tensor], device: torch.device | str
+) -> list[torch.Tensor]:
+    """Host tensors of one dtype on `device` in one copy without a wait (staged through pinned
+    memory), returned in order as contiguous views of their shapes, each starting
     PACK_ALIGN_BYTES-aligned. Views of one buffer: in-place writes to one never touch another."""
-    return _packed(int64s, device), _packed(int32s, device)
-
-
-def _packed(tensors: list[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
     device = torch.device(device)
+    dtype = tensors[0].dtype
     align = PACK_ALIGN_BYTES // tensors[0].element_size()
-    sizes = [-(-t.numel() // align) * align for t in tensors]  # each padded to the alignment
+    padding = torch.zeros(align, dtype=dtype)
+    pieces: list[torch.Tensor] = []  # each tensor, then zeros up to the next aligned offset
+    starts: list[int] = []  # where each tensor is among the pieces
+    for t in tensors:
+        starts.append(len(pieces))
+        pieces.append(t.reshape(-1))
+        if t.numel() % align:
+            pieces.append(padding[: align - t.numel() % align])
+    sizes = [piece.numel() for piece in pieces]
     # Packed straight into pinned memory: one host copy of each tensor, one transfer.
-    host = torch.zeros(sum(sizes), dtype=tensors[0].dtype, pin_memory=device.type == "cuda")
-    for chunk, t in zip(host.split(sizes), tensors, strict=True):
-        chunk[: t.numel()] = t.reshape(-1)
+    host = torch.empty(sum(sizes), dtype=dtype, pin_memory=device.type == "cuda")
+    torch.cat(pieces, out=host)
     parts = host.to(device, non_blocking=True).split(sizes)
-    return [part[: t.numel()].view(t.shape) for part, t in zip(parts, tensors, strict=True)]
+    return [  # a view costs microseconds: only the tensors of more than one dimension take one
+        parts[i] if t.dim() == 1 else parts[i].view(t.shape)
+        for i, t in zip(starts, tensors, strict=True)
+    ]
 
 
 def tensor_to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:

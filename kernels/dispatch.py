@@ -53,13 +53,17 @@ def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and _triton_available()
 
 
+def _triton_serves(device: torch.device) -> bool:
+    return device.type == "cuda" and _triton_available()
+
+
 def warmup_step_shapes(
     device: torch.device, max_tokens: int, slot_tables: Sequence[int]
 ) -> list[tuple[int, int | None]]:
     """(tokens, LoRA slot table or None) of one-sequence steps that together launch every
     compiled variant of the Triton kernels that steps of up to `max_tokens` tokens can need
     (`triton/launch_classes.py`); none where `device`'s steps run no Triton kernel."""
-    if device.type != "cuda" or not _triton_available():
+    if not _triton_serves(device):
         return []
     from loraplex.kernels.triton.launch_classes import warmup_shapes
 
@@ -69,7 +73,7 @@ def warmup_step_shapes(
 def warmup_decode_sizes(device: torch.device, max_num_seqs: int, num_kv_heads: int) -> list[int]:
     """Batch sizes of decode steps that launch every variant of the split-KV decode kernel;
     none where `device`'s steps run no Triton kernel."""
-    if device.type != "cuda" or not _triton_available():
+    if not _triton_serves(device):
         return []
     from loraplex.kernels.triton.launch_classes import decode_warmup_sizes
 

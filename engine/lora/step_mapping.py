@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.engine.device_copy import PACK_ALIGN_BYTES, tensor_to_device
+from loraplex.engine.device_copy import aligned_to_device
 from loraplex.kernels import build_lora_mapping
 
 MIN_SLOT_TABLE = 8  # the smallest table: steps of 1-8 adapters share one kernel variant
@@ -75,23 +75,11 @@ def map_step(
     )
     num_active_slots = torch.tensor([len(adapters)], dtype=torch.int32)
     sorted_token_ids, slot_start_loc = build_lora_mapping(token_slots, num_slots)
+    # Each table 16-byte aligned on the device, as the decode graphs' own buffers are: Triton
+    # compiles a kernel variant per pointer alignment, so views at other offsets would need
+    # (and compile, mid-serving) variants of their own.
     tables = [slot_start_loc, slot_adapters, num_active_slots, sorted_token_ids]
-    slot_start_loc, slot_adapters, num_active_slots, sorted_token_ids = _aligned_on_device(
+    slot_start_loc, slot_adapters, num_active_slots, sorted_token_ids = aligned_to_device(
         tables, device
     )
     return adapters, StepMapping(sorted_token_ids, slot_start_loc, slot_adapters, num_active_slots)
-
-
-_ALIGN = PACK_ALIGN_BYTES // 4  # int32s
-_PADDING = torch.zeros(_ALIGN, dtype=torch.int32)
-
-
-def _aligned_on_device(tables: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """int32 tables on `device` in one copy, each starting PACK_ALIGN_BYTES-aligned, as the
-    decode graphs' own buffers do: Triton compiles a kernel variant per pointer alignment, so
-    views at other offsets would need (and compile, mid-serving) variants of their own."""
-    pieces = []
-    for table in tables:  # each followed by zeros up to the next aligned offset
-        pieces += [table, _PADDING[: -table.numel() % _ALIGN]]
-    on_device = tensor_to_device(torch.cat(pieces), device)
-    return list(on_device.split([piece.numel() for piece in pieces])[::2])

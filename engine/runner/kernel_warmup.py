@@ -11,7 +11,8 @@ request (`loraplex.kernels.warmup_step_shapes`: 33 with slot tables up to 256 an
 its LoRA batch has no active slot, so every LoRA kernel launches, finds no segment and returns.
 
 A variant also follows each pointer's 16-byte alignment, so a step's own tensors must be
-aligned as the warm-up's are (`map_step`'s tables, `packed_to_device`'s inputs).
+aligned as the warm-up's are: its inputs and its LoRA mapping both go to the device through
+`device_copy.aligned_to_device`.
 
 On a host whose steps run no Triton kernel (CPU) there is nothing to compile and nothing runs.
 """
@@ -39,6 +40,7 @@ def warm_up_kernels(
     lora_manager: LoRAManager | None,
     max_num_seqs: int,
     max_num_batched_tokens: int,
+    num_kv_heads: int,
     device: torch.device,
 ) -> None:
     """Compile every kernel variant a step of this engine can launch, before it serves."""
@@ -46,7 +48,6 @@ def warm_up_kernels(
     if lora_manager is not None:
         slot_tables = graph_slot_tables(max_num_seqs, lora_manager.max_batch_loras)
     shapes = warmup_step_shapes(device, max_num_batched_tokens, slot_tables)
-    num_kv_heads = kv_caches[0][0].shape[2] if kv_caches else 0
     decode_sizes = warmup_decode_sizes(device, max_num_seqs, num_kv_heads)
     if not shapes and not decode_sizes:
         return

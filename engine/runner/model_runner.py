@@ -98,6 +98,7 @@ class ModelRunner:
             lora_manager,
             scheduler.max_num_seqs,
             scheduler.max_num_batched_tokens,
+            self.num_kv_heads,
             self.device,
         )
 

@@ -105,8 +105,9 @@ def _find_seq_idx(  # type: ignore[no-untyped-def]
 
 # A step's sequence count, and where a mixed step's views of its tables start (after its decodes),
 # change from step to step. Triton would compile a variant for each class of values (1, a
-# multiple of 16, any other) and of pointer alignment, in the middle of serving; these are read
-# a scalar at a time, so one variant serves them all.
+# multiple of 16, any other) and of pointer alignment, in the middle of serving. They bound
+# loops or are read as scalars and gathered indices, never as aligned vectors, so one variant
+# serves them all.
 @triton.jit(
     do_not_specialize=["num_seqs"],
     do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr"],
