@@ -395,8 +395,8 @@ def main() -> None:
         "--client-processes",
         type=int,
         default=8,
-        help="processes sending the requests (an H100, 512 requests at once: 0.918x the "
-        "offline engine with 4, 0.966x with 8 on the same machine: 4 were slow to send)",
+        help="processes sending the requests (too few, and the clients rather than the server "
+        "limit a saturated round: see client_cpu_share_max)",
     )
     ap.add_argument(
         "--py-spy", help="profile the API and engine processes at saturation into this folder"
