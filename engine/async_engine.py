@@ -2,14 +2,15 @@
 
 The engine's step loop (engine/engine_core.py) runs in a thread of this process or in a process
 of its own (engine/core_transport.py); AsyncEngine sends it commands and turns its per-step
-messages back into each request's stream of cumulative `RequestOutput`s, on the event loop:
+messages back into each request's stream of `RequestOutput`s, on the event loop: cumulative
+(each output holds everything so far), or with `delta=True` only what came since the last
+one (what the server reads: its per-step work then does not grow with the output's length).
 
     generate() ──AddRequest/AbortRequest──▶ EngineCore (thread or process)
     per-request output ◀── one call_soon_threadsafe per step ◀── StepMessage (deltas, stats)
 
-Each request keeps its cumulative output; a caller reads the latest, so steps it did not read in
-time merge into one output (what vLLM's output collector does): under load, readers do less work
-per token instead of falling further behind.
+Steps a caller did not read in time merge into one output (what vLLM's output collector does):
+under load, readers do less work per token instead of falling further behind.
 
 Leaving a stream early (or the task being cancelled: a client that hung up) aborts the request.
 """
@@ -60,13 +61,15 @@ class _Completion:
 
 @dataclass
 class _Request:
-    """A request as the caller sees it: its outputs so far, and whether the caller has read the
-    latest. Outputs are cumulative, so steps the caller has not read yet merge into one: a
-    reader that falls behind (a busy server) costs one output per read, not one per step."""
+    """A request as the caller sees it: its outputs so far (with `delta`: since the caller's
+    last read), and whether the caller has read the latest. Steps the caller has not read yet
+    merge into one output: a reader that falls behind (a busy server) costs one output per
+    read, not one per step."""
 
     prompt: str | None
     prompt_token_ids: list[int]
     added: asyncio.Future[Any]
+    delta: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     completions: dict[int, _Completion] = field(default_factory=dict)
     unread: bool = False  # steps applied since the caller's last read
@@ -81,7 +84,7 @@ class _Request:
             c.token_ids.extend(d.token_ids)
             c.text += d.text
             if d.logprobs is not None:
-                c.logprobs = (c.logprobs or []) + d.logprobs
+                c.logprobs = (c.logprobs or []) + d.logprobs  # a new list: reads share it
             c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
         self.finished, self.num_cached_tokens = delta.finished, delta.num_cached_tokens
         self.error = delta.error
@@ -93,15 +96,19 @@ class _Request:
         self.wake.set()
 
     def read(self, request_id: str) -> RequestOutput:
-        """The cumulative output now, marked read (new lists: outputs already handed out stay
-        intact)."""
+        """The output now, marked read. Cumulative: new token lists, so outputs already handed
+        out stay intact. Delta: the completions that changed since the last read, handed over
+        and forgotten here (nothing is copied)."""
         self.unread = False
         outputs = [
             CompletionOutput(
-                i, c.text, list(c.token_ids), c.finish_reason, c.logprobs, c.stop_reason
+                i, c.text, c.token_ids if self.delta else list(c.token_ids), c.finish_reason,
+                c.logprobs, c.stop_reason,
             )
             for i, c in sorted(self.completions.items())
-        ]
+        ]  # fmt: skip
+        if self.delta:
+            self.completions = {}
         return RequestOutput(
             request_id, self.prompt, self.prompt_token_ids, outputs, self.finished,
             self.num_cached_tokens, self.error,
@@ -179,8 +186,11 @@ class AsyncEngine:
         priority: int = 0,
         fairness_key: str = "",
         cache_salt: str | None = None,
+        delta: bool = False,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream cumulative outputs of one request until it finishes.
+        """Stream outputs of one request until it finishes: cumulative, or with `delta` only
+        the completions that changed since the last output and what they gained
+        (`request.join_output` puts deltas back together).
 
         Invalid requests raise before anything is yielded. Leaving the loop early (or the
         task being cancelled, e.g. on client disconnect) aborts the request at once. For a
@@ -193,7 +203,7 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids = await self._tokenize(prompt)
         loop = asyncio.get_running_loop()
-        request = _Request(text, token_ids, loop.create_future())
+        request = _Request(text, token_ids, loop.create_future(), delta)
         self._requests[request_id] = request
         finished = False
         try:

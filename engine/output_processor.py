@@ -22,7 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loraplex.engine.request import CompletionOutput, Logprob, Request, RequestOutput
+from loraplex.engine.request import (
+    CompletionOutput,
+    Logprob,
+    Request,
+    RequestOutput,
+    join_output,
+)
 from loraplex.engine.tokenizer import IncrementalDetokenizer, Tokenizer, find_stop_string
 
 _Logprobs = tuple[Logprob, list[Logprob]]  # one token's logprob and the top ones
@@ -239,12 +245,7 @@ class OutputProcessor:
         of the same request: `later` itself when cumulative, the two deltas joined else."""
         if earlier is None or not self.deltas:
             return later
-        for old, new in zip(earlier.outputs, later.outputs, strict=True):
-            new.token_ids[:0] = old.token_ids
-            new.text = old.text + new.text
-            if new.logprobs is not None:
-                new.logprobs[:0] = old.logprobs or []
-        return later
+        return join_output(earlier, later)
 
     def _visible_chars(self, c: _Completion) -> int:
         """How much of c's text may be shown now (never taken back later)."""

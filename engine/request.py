@@ -271,3 +271,28 @@ class RequestOutput:
     num_cached_tokens: int = 0
     # Set when the request failed for a known reason (AsyncEngine raises it to the caller).
     error: Exception | None = None
+
+
+def join_output(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
+    """`earlier` extended in place by `later`, the next delta output of the same request, and
+    returned: per completion index, tokens, text and logprobs appended and the finish and stop
+    reasons replaced; the request's state (finished, cached tokens, error) taken from `later`.
+    `earlier` must not have been handed out: it changes."""
+    by_index = {c.index: c for c in earlier.outputs}
+    for new in later.outputs:
+        old = by_index.get(new.index)
+        if old is None:
+            earlier.outputs.append(new)
+            by_index[new.index] = new
+            continue
+        old.token_ids.extend(new.token_ids)
+        old.text += new.text
+        if new.logprobs is not None:
+            if old.logprobs is None:
+                old.logprobs = []
+            old.logprobs.extend(new.logprobs)
+        old.finish_reason, old.stop_reason = new.finish_reason, new.stop_reason
+    earlier.outputs.sort(key=lambda c: c.index)
+    earlier.finished, earlier.num_cached_tokens = later.finished, later.num_cached_tokens
+    earlier.error = later.error
+    return earlier

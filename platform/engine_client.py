@@ -105,9 +105,9 @@ class EngineClient:
         priority: int,
         tenant_key: str,
     ) -> EngineStream:
-        """Start one engine request and return its stream of cumulative outputs. The caller
-        must `close()` it however it ends: that aborts the request if it is still running and
-        waits for the engine's last output, whose counts are the ones billed."""
+        """Start one engine request and return its stream of delta outputs. The caller must
+        `close()` it however it ends: that aborts the request if it is still running and waits
+        for the engine's last output; the stream's totals then are the ones billed."""
         lora_request = None
         if adapter is not None:
             lora_request = LoRARequest(
@@ -126,6 +126,7 @@ class EngineClient:
             priority=priority,
             fairness_key=tenant_key,
             cache_salt=tenant_key,
+            delta=True,
         )
         self._inflight.add(request_id)
         self._idle.clear()

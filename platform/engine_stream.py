@@ -4,10 +4,14 @@ The engine's stream is read by a task of its own (the pump), never by the reques
 A handler that goes away (its client disconnected: the handler is cancelled wherever it is)
 therefore cannot take the engine's last word with it: `close()` asks the engine to abort and
 waits, for a bounded time, until the pump has seen the request's final output. The request's
-KV blocks, adapter pin and concurrency slot are all gone by then, and the final output's token
-counts, tokens generated after the client left included, are the ones the tenant is billed.
+KV blocks, adapter pin and concurrency slot are all gone by then, and the stream's totals,
+tokens generated after the client left included, are the ones the tenant is billed.
 
-    handler ──anext──▶ latest output ◀── pump ──async for──▶ AsyncEngine.generate(...)
+Outputs are deltas (what the request gained since the previous one): a handler's work per step
+does not grow with the output's length. A handler that falls behind gets the unread deltas
+joined into one output, not a backlog.
+
+    handler ──anext──▶ unread deltas, joined ◀── pump ──async for──▶ AsyncEngine.generate(...)
     handler ──close()──▶ abort ──▶ engine core ──final output──▶ pump (done)
 """
 
@@ -17,10 +21,11 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass, field
 
 import anyio
 
-from loraplex.engine.request import RequestOutput
+from loraplex.engine.request import RequestOutput, join_output
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +34,28 @@ CLOSE_TIMEOUT_S = 60.0
 _END = object()
 
 
+@dataclass
+class StreamTotals:
+    """What the engine has sent for one request so far, read by the handler or not."""
+
+    num_outputs: int = 0
+    num_completion_tokens: int = 0
+    num_cached_tokens: int = 0
+    finished: bool = False
+    finish_reasons: dict[int, str] = field(default_factory=dict)  # completion index -> reason
+
+    def add(self, output: RequestOutput) -> None:
+        self.num_outputs += 1
+        self.num_completion_tokens += sum(len(o.token_ids) for o in output.outputs)
+        self.num_cached_tokens = output.num_cached_tokens
+        self.finished = output.finished
+        for o in output.outputs:
+            if o.finish_reason is not None:
+                self.finish_reasons[o.index] = o.finish_reason
+
+
 class EngineStream:
-    """Cumulative outputs of one engine request; iterate, then `close()` exactly once."""
+    """Delta outputs of one engine request; iterate, then `close()` exactly once."""
 
     def __init__(
         self,
@@ -41,13 +66,12 @@ class EngineStream:
         on_done: Callable[[], None],
     ) -> None:
         self.request_id = request_id
-        self.last: RequestOutput | None = None  # the engine's latest output, read or not
+        self.totals = StreamTotals()
         self._abort = abort
         self._on_done = on_done
-        # Outputs are cumulative: a reader that falls behind gets the latest one, not a backlog
-        # (under load the handler then formats one event per read, not one per step).
-        self._unread = False  # `last` came after the reader's latest read
-        self._end: BaseException | object | None = None  # _END or an exception, after `last`
+        # The deltas after the reader's latest read, joined (the pump's own: not handed out).
+        self._unread: RequestOutput | None = None
+        self._end: BaseException | object | None = None  # _END or an exception, after those
         self._wake = asyncio.Event()
         self._done = asyncio.Event()
         self._started = False
@@ -63,7 +87,10 @@ class EngineStream:
         try:
             async with aclosing(source):
                 async for output in source:
-                    self.last, self._unread = output, True
+                    self.totals.add(output)
+                    self._unread = (
+                        output if self._unread is None else join_output(self._unread, output)
+                    )
                     self._wake.set()
             self._finish(_END)
         except Exception as exc:  # the reader raises it; the engine holds nothing more
@@ -90,10 +117,9 @@ class EngineStream:
 
     async def __anext__(self) -> RequestOutput:
         while True:
-            if self._unread:
-                self._unread = False
-                assert self.last is not None
-                return self.last
+            if self._unread is not None:
+                output, self._unread = self._unread, None
+                return output
             if self._end is _END:
                 raise StopAsyncIteration
             if isinstance(self._end, BaseException):
@@ -101,14 +127,14 @@ class EngineStream:
             self._wake.clear()
             await self._wake.wait()
 
-    async def close(self) -> RequestOutput | None:
+    async def close(self) -> StreamTotals:
         """Abort the request unless the engine is done with it, wait for its final output and
-        return the engine's last output (None if it never produced one). Never cancelled
-        halfway: callers that are being cancelled still learn the final counts."""
+        return the stream's totals. Never cancelled halfway: callers that are being cancelled
+        still learn the final counts."""
         with anyio.CancelScope(shield=True):
             if not self._started:
                 self._pump_task.cancel()  # it never reached the engine
-            elif not self._done.is_set() and not (self.last is not None and self.last.finished):
+            elif not self._done.is_set() and not self.totals.finished:
                 # A reader that stops at the final output usually gets here before the pump
                 # has seen the engine's stream end: the engine holds nothing more by then, so
                 # there is nothing to abort (an abort would cost a message to the engine core
@@ -124,4 +150,4 @@ class EngineStream:
                         CLOSE_TIMEOUT_S,
                     )
                     self._pump_task.cancel()
-        return self.last
+        return self.totals

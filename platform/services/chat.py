@@ -105,7 +105,7 @@ async def collect_chat(run: GenerationRun) -> ChatCompletionResponse:
             index=o.index,
             message=ChatMessageOut(content=o.text),
             finish_reason=o.finish_reason,
-            logprobs=_logprobs(token_logprobs(engine, o)),
+            logprobs=_logprobs(token_logprobs(engine, o.logprobs)),
         )
         for o in final.outputs
     ]

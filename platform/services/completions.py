@@ -80,7 +80,7 @@ async def collect_completion(run: GenerationRun) -> CompletionResponse:
             index=o.index,
             text=o.text,
             finish_reason=o.finish_reason,
-            logprobs=_logprobs(token_logprobs(engine, o), 0),
+            logprobs=_logprobs(token_logprobs(engine, o.logprobs), 0),
         )
         for o in final.outputs
     ]

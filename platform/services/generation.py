@@ -16,6 +16,7 @@ import anyio.lowlevel
 from loraplex.engine.request import RequestOutput, SamplingParams
 from loraplex.platform.auth import TenantContext
 from loraplex.platform.crud import AdapterRef
+from loraplex.platform.engine_stream import StreamTotals
 from loraplex.platform.errors import (
     EngineFailureError,
     EngineOverloadedError,
@@ -125,9 +126,9 @@ class GenerationRun:
         state.metrics.request_started(tenant.name)
 
     async def outputs(self) -> AsyncGenerator[RequestOutput, None]:
-        """The engine's cumulative outputs. However the consumer leaves (done, failed, or
-        cancelled by a client disconnect at any point), the engine request is ended and the
-        run settled with the engine's own final counts."""
+        """The engine's delta outputs (`outputs.py` puts them together). However the consumer
+        leaves (done, failed, or cancelled by a client disconnect at any point), the engine
+        request is ended and the run settled with the engine's own final counts."""
         status: RequestStatus | None = None  # stays None if cancelled or the consumer leaves
         # A client that left while admission was shielded has cancelled this task already, but
         # nothing has delivered it yet: deliver it here, before the request reaches the engine
@@ -144,11 +145,12 @@ class GenerationRun:
         )
         try:
             async for output in stream:
-                self._observe(output)
+                self._count(stream.totals)
+                self._token_times.observe(self.num_completion_tokens)
                 await self._charge_tokens()
                 if output.finished:
-                    status = _status_of(output)
-                    _raise_if_failed(output)
+                    status = _status_of(stream.totals)
+                    _raise_if_failed(stream.totals)
                 yield output
         except Exception:
             status = status or "error"
@@ -157,19 +159,13 @@ class GenerationRun:
             # Shielded: on a client disconnect this runs inside a cancelled scope, and the
             # abort, the refund, the usage row and the metrics must not be lost with it.
             with anyio.CancelScope(shield=True):
-                final = await stream.close()
-                if final is not None:
-                    self._count(final)
+                self._count(await stream.close())
                 await self.finish(status or "aborted")
 
-    def _observe(self, output: RequestOutput) -> None:
-        self._count(output)
-        self._token_times.observe(self.num_completion_tokens)
-
-    def _count(self, output: RequestOutput) -> None:
-        """Token counts as the engine has them in `output` (cumulative)."""
-        self.num_completion_tokens = sum(len(o.token_ids) for o in output.outputs)
-        self.num_cached_tokens = output.num_cached_tokens
+    def _count(self, totals: StreamTotals) -> None:
+        """Token counts as the engine has sent them so far."""
+        self.num_completion_tokens = totals.num_completion_tokens
+        self.num_cached_tokens = totals.num_cached_tokens
 
     async def _charge_tokens(self) -> None:
         """Settle as it streams: tokens beyond the reservation are taken from the tenant's
@@ -235,8 +231,8 @@ class GenerationRun:
         )
 
 
-def _status_of(output: RequestOutput) -> RequestStatus:
-    reasons = {o.finish_reason for o in output.outputs}
+def _status_of(totals: StreamTotals) -> RequestStatus:
+    reasons = set(totals.finish_reasons.values())
     if "error" in reasons:
         return "error"
     if "abort" in reasons:
@@ -244,9 +240,9 @@ def _status_of(output: RequestOutput) -> RequestStatus:
     return "ok"
 
 
-def _raise_if_failed(output: RequestOutput) -> None:
+def _raise_if_failed(totals: StreamTotals) -> None:
     """A request the engine failed or aborted (shutdown) must not look like a success."""
-    reasons = {o.finish_reason for o in output.outputs}
+    reasons = set(totals.finish_reasons.values())
     if "error" in reasons:
         raise EngineFailureError("the engine failed while generating this request")
     if "abort" in reasons:

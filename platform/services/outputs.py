@@ -1,5 +1,5 @@
-"""What completions and chat completions share after admission: one run's engine outputs as
-whole choices or as per-choice deltas, their logprobs as token strings, the usage block and
+"""What completions and chat completions share after admission: one run's engine outputs
+(deltas) as whole choices or as per-choice deltas, their logprobs as token strings, the usage block and
 the SSE framing. Each endpoint only puts these into its own OpenAI schema family.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from loraplex.engine.request import CompletionOutput, RequestOutput
+from loraplex.engine.request import Logprob, RequestOutput, join_output
 from loraplex.platform.engine_client import EngineClient
 from loraplex.platform.schemas.openai_responses import PromptTokensDetails, Usage
 from loraplex.platform.services.generation import GenerationRun
@@ -45,10 +45,10 @@ class ChoiceDelta:
 
 
 def token_logprobs(
-    engine: EngineClient, output: CompletionOutput, start: int = 0
+    engine: EngineClient, logprobs: list[tuple[Logprob, list[Logprob]]] | None
 ) -> list[TokenLogprobs] | None:
-    """The logprobs of `output`'s tokens from `start` on; None when not requested."""
-    if output.logprobs is None:
+    """A completion's logprobs (`CompletionOutput.logprobs`) as text; None when not requested."""
+    if logprobs is None:
         return None
     return [
         TokenLogprobs(
@@ -56,7 +56,7 @@ def token_logprobs(
             logprob=sampled.logprob,
             top=[(engine.token_string(t.token_id), t.logprob) for t in top],
         )
-        for sampled, top in output.logprobs[start:]
+        for sampled, top in logprobs
     ]
 
 
@@ -72,11 +72,11 @@ def usage_of(run: GenerationRun) -> Usage:
 
 
 async def final_output(run: GenerationRun) -> RequestOutput:
-    """Run to the end; the last (complete) output."""
+    """Run to the end; the whole output (the deltas joined)."""
     final: RequestOutput | None = None
     async with aclosing(run.outputs()) as outputs:
         async for output in outputs:
-            final = output
+            final = output if final is None else join_output(final, output)
     assert final is not None and final.finished
     return final
 
@@ -87,8 +87,10 @@ async def stream_deltas(run: GenerationRun) -> AsyncGenerator[list[ChoiceDelta],
     n = run.plan.sampling_params.n
     engine = run.state.engine
     sent_text = [0] * n
-    sent_logprobs = [0] * n
     finished = [False] * n
+    # Logprobs of tokens whose text is still held back (a possible stop string, a partial
+    # character): they go out with the event that carries that text.
+    held: list[list[tuple[Logprob, list[Logprob]]]] = [[] for _ in range(n)]
     async with aclosing(run.outputs()) as outputs:
         async for output in outputs:
             deltas = []
@@ -96,19 +98,20 @@ async def stream_deltas(run: GenerationRun) -> AsyncGenerator[list[ChoiceDelta],
                 j = o.index
                 if finished[j]:
                     continue
-                text = o.text[sent_text[j] :]
-                if not text and o.finish_reason is None:
+                held[j].extend(o.logprobs or ())
+                if not o.text and o.finish_reason is None:
                     continue
+                logprobs = None if o.logprobs is None else held[j]
+                held[j] = []
                 deltas.append(
                     ChoiceDelta(
                         index=j,
-                        text=text,
+                        text=o.text,
                         text_offset=sent_text[j],
-                        logprobs=token_logprobs(engine, o, sent_logprobs[j]),
+                        logprobs=token_logprobs(engine, logprobs),
                         finish_reason=o.finish_reason,
                     )
                 )
-                sent_text[j] = len(o.text)
-                sent_logprobs[j] = len(o.logprobs or ())
+                sent_text[j] += len(o.text)
                 finished[j] = o.finish_reason is not None
             yield deltas

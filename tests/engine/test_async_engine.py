@@ -1,4 +1,5 @@
-"""AsyncEngine: streaming, abort freeing everything, errors before the first output."""
+"""AsyncEngine: streaming (cumulative and delta outputs), abort freeing everything, errors
+before the first output."""
 
 from __future__ import annotations
 
@@ -55,6 +56,31 @@ async def test_a_reader_that_falls_behind_gets_the_latest_output_not_a_backlog(c
         assert rest[0].outputs[0].token_ids == fast[-1].outputs[0].token_ids
         assert rest[0].outputs[0].text == fast[-1].outputs[0].text
         assert first.outputs[0].token_ids == seen == fast[-1].outputs[0].token_ids[: len(seen)]
+    finally:
+        await engine.shutdown()
+
+
+async def test_delta_outputs_joined_equal_the_cumulative_ones(checkpoint):
+    engine = await started(checkpoint)
+    try:
+        params = SamplingParams(
+            max_tokens=12, temperature=0.0, ignore_eos=True, n=2, logprobs=2, seed=1
+        )
+        whole = [out async for out in engine.generate("hello world", params, "whole")][-1]
+        stream = engine.generate("hello world", params, "parts", delta=True)
+        first = await anext(stream)
+        handed = [list(c.token_ids) for c in first.outputs]
+        while engine.get_stats().num_running or engine.get_stats().num_waiting:
+            await asyncio.sleep(0.01)  # later steps arrive while nobody reads: one delta
+        rest = [out async for out in stream]
+        assert len(rest) == 1 and rest[0].finished
+        assert [list(c.token_ids) for c in first.outputs] == handed  # never changed later
+        for index, c in enumerate(whole.outputs):
+            parts = [o for out in (first, rest[0]) for o in out.outputs if o.index == index]
+            assert [t for o in parts for t in o.token_ids] == c.token_ids
+            assert "".join(o.text for o in parts) == c.text
+            assert [lp for o in parts for lp in o.logprobs or ()] == c.logprobs
+            assert parts[-1].finish_reason == c.finish_reason == "length"
     finally:
         await engine.shutdown()
 

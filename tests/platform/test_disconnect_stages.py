@@ -2,7 +2,7 @@
 and while the rate limiter's answer is on its way back (the reservation exists, the handler
 has not seen it yet). Driven through the ASGI interface, which says exactly when the client
 leaves. The engine-side half: an EngineStream closed before or after its pump started, and one
-read only after the engine finished (the steps it missed merge into one output)."""
+read only after the engine finished (the deltas it missed are joined into one output)."""
 
 from __future__ import annotations
 
@@ -141,11 +141,12 @@ async def test_a_closed_engine_stream_leaves_nothing_in_the_engine(
     )
     if started:
         await anext(stream)
-    final = await stream.close()
+    totals = await stream.close()
     assert stream.is_done and engine.num_inflight == 0
     if started:
-        assert final is not None and final.finished
-        assert final.outputs[0].finish_reason == "abort"
+        assert totals.finished and totals.finish_reasons == {0: "abort"}
+    else:
+        assert totals.num_outputs == 0
     # Commands run in order: once a later request is done, any stray add would have run.
     later = engine.generate(
         request_id="later",
@@ -156,16 +157,14 @@ async def test_a_closed_engine_stream_leaves_nothing_in_the_engine(
         tenant_key="t",
     )
     outputs = [o async for o in later]
-    await later.close()
-    assert outputs[-1].finished
+    later_totals = await later.close()
+    assert outputs[-1].finished and later_totals.num_completion_tokens == 2
     assert not engine.engine.engine.has_unfinished_requests()
     generated = engine.get_stats().num_generated_tokens
-    assert generated == len(outputs[-1].outputs[0].token_ids) + (
-        len(final.outputs[0].token_ids) if final is not None else 0
-    )
+    assert generated == later_totals.num_completion_tokens + totals.num_completion_tokens
 
 
-async def test_an_engine_stream_read_late_gives_the_latest_output_not_a_backlog(
+async def test_an_engine_stream_read_late_gives_the_missed_deltas_joined_not_a_backlog(
     server: Platform,
 ) -> None:
     stream = server.state.engine.generate(
@@ -183,7 +182,7 @@ async def test_an_engine_stream_read_late_gives_the_latest_output_not_a_backlog(
                 await anyio.sleep(0.01)
         rest = [output async for output in stream]
     finally:
-        final = await stream.close()
-    assert len(rest) == 1 and rest[0] is final and final.finished
-    assert len(final.outputs[0].token_ids) == 12
-    assert len(first.outputs[0].token_ids) < 12
+        totals = await stream.close()
+    assert len(rest) == 1 and rest[0].finished and totals.num_completion_tokens == 12
+    tokens = first.outputs[0].token_ids + rest[0].outputs[0].token_ids
+    assert len(tokens) == 12 and len(first.outputs[0].token_ids) < 12
