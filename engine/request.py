@@ -281,7 +281,7 @@ def join_output(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
     by_index = {c.index: c for c in earlier.outputs}
     for new in later.outputs:
         old = by_index.get(new.index)
-        if old is None:
+        if old is None:  # a completion `earlier` did not have (a delta lists the changed ones)
             earlier.outputs.append(new)
             by_index[new.index] = new
             continue
@@ -292,7 +292,8 @@ def join_output(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
                 old.logprobs = []
             old.logprobs.extend(new.logprobs)
         old.finish_reason, old.stop_reason = new.finish_reason, new.stop_reason
-    earlier.outputs.sort(key=lambda c: c.index)
+    if len(earlier.outputs) > 1:
+        earlier.outputs.sort(key=lambda c: c.index)
     earlier.finished, earlier.num_cached_tokens = later.finished, later.num_cached_tokens
     earlier.error = later.error
     return earlier
