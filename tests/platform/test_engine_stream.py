@@ -1,6 +1,7 @@
-"""EngineStream.close(): it aborts only a request the engine may still be working on. The
-engine's side is a scripted async generator here, so the test decides exactly when the
-engine's stream ends relative to the close (tests/platform/test_disconnect_stages.py drives
+"""EngineStream: close() aborts only a request the engine may still be working on and returns
+the totals of everything the engine sent; a reader that falls behind gets the unread deltas
+joined. The engine's side is a scripted async generator here, so the test decides exactly when
+the engine's stream ends relative to the close (tests/platform/test_disconnect_stages.py drives
 the real engine)."""
 
 from __future__ import annotations
