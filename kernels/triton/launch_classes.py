@@ -38,7 +38,7 @@ def launch_class(num_tokens: int, slot_table: int | None) -> tuple[object, ...]:
     """What selects the variants of a step of `num_tokens` tokens (one sequence) with a LoRA
     slot table of `slot_table` slots (None: no adapters): each table's row, the W4A16 path, and
     the LoRA kernels' SLOTS (which does not depend on their tiles' rows: any block_m gives it)."""
-    rows = tuple(_row_index(table, num_tokens) for table in TOKEN_TABLES)
+    rows = tuple(table.row_index(num_tokens) for table in TOKEN_TABLES)
     slots = None if slot_table is None else segment_grid(num_tokens, slot_table, 1)[1]
     return (*rows, num_tokens >= DEQUANT_MIN_M, slots)
 
@@ -64,9 +64,5 @@ def decode_warmup_sizes(max_num_seqs: int, num_kv_heads: int) -> list[int]:
     of 1..max_num_seqs sequences reach."""
     sizes: dict[int, int] = {}
     for num_seqs in range(1, max_num_seqs + 1):
-        sizes.setdefault(_row_index(DECODE_ATTENTION_TILES, num_seqs * num_kv_heads), num_seqs)
+        sizes.setdefault(DECODE_ATTENTION_TILES.row_index(num_seqs * num_kv_heads), num_seqs)
     return list(sizes.values())
-
-
-def _row_index(table: TileTable[Any], size: int) -> int:
-    return next(i for i, (bound, _) in enumerate(table.rows) if size <= bound)

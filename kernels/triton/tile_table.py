@@ -45,3 +45,7 @@ class TileTable(Generic[T]):
     def lookup(self, size: int) -> T:
         """The tiles of the first row whose bound is >= size."""
         return next(tiles for bound, tiles in self.rows if size <= bound)
+
+    def row_index(self, size: int) -> int:
+        """Which row `lookup(size)` takes (launches of one row share a compiled variant)."""
+        return next(i for i, (bound, _) in enumerate(self.rows) if size <= bound)

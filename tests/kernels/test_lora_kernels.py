@@ -256,6 +256,8 @@ def test_tile_tables_pick_the_first_row_that_fits() -> None:
         prefill,
         prefill,
     ]
+    sizes = (0, 1, 64, 65, 512, 513, 1 << 40)
+    assert [SHRINK_TILES.row_index(n) for n in sizes] == [0, 0, 0, 1, 1, 2, 2]
     for table in (SHRINK_TILES, EXPAND_TILES):
         assert table.rows[-1][0] == sys.maxsize
 
