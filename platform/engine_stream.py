@@ -38,14 +38,12 @@ _END = object()
 class StreamTotals:
     """What the engine has sent for one request so far, read by the handler or not."""
 
-    num_outputs: int = 0
     num_completion_tokens: int = 0
     num_cached_tokens: int = 0
     finished: bool = False
     finish_reasons: dict[int, str] = field(default_factory=dict)  # completion index -> reason
 
     def add(self, output: RequestOutput) -> None:
-        self.num_outputs += 1
         self.num_completion_tokens += sum(len(o.token_ids) for o in output.outputs)
         self.num_cached_tokens = output.num_cached_tokens
         self.finished = output.finished
