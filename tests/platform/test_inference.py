@@ -126,6 +126,32 @@ async def test_completion_options(server: Platform) -> None:
     assert chunks[-2]["choices"] == [] and chunks[-2]["usage"]["completion_tokens"] == 12
 
 
+async def test_streamed_logprobs_of_held_back_text_go_out_with_it(server: Platform) -> None:
+    """Text that could begin a stop string is held back: its tokens send no event then, and
+    their logprobs go out with the event that later carries their text."""
+    _, headers = await server.tenant("acme")
+    body = {
+        "model": server.model_name, "prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+        "ignore_eos": True, "logprobs": 1,
+    }  # fmt: skip
+    r = await server.client.post("/v1/completions", headers=headers, json=body)
+    whole = r.json()["choices"][0]
+    text, tokens = whole["text"], whole["logprobs"]["tokens"]
+    # The second half of the text is a prefix of this stop string, which never matches whole:
+    # the engine holds that half back until the request ends.
+    held = text[len(text) // 2 :]
+    assert held.strip() and "\u2603" not in text
+    r = await server.client.post(
+        "/v1/completions",
+        headers=headers,
+        json={**body, "stream": True, "stop": [held + "\u2603"]},
+    )
+    choices = [ch["choices"][0] for ch in events(r.text)[:-1] if ch["choices"]]
+    assert "".join(c["text"] for c in choices) == text
+    assert choices[-1]["finish_reason"] == "length" and choices[-1]["text"].endswith(held)
+    assert [t for c in choices for t in c["logprobs"]["tokens"]] == tokens
+
+
 async def test_chat_completions(server: Platform) -> None:
     tenant, headers = await server.tenant("acme")
     await server.add_adapter(tenant["id"], "bot", source="r8")
