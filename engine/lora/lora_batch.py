@@ -15,7 +15,9 @@ CUDA-graph batch passes every module, so the captured launches always cover ever
 Shrink buffers: steps of up to `LoRAWorkspace.max_tokens` tokens shrink into their own region of
 the step workspace, which one memset zeroes at the step's first launch (the first adapted
 projection of the forward: the same one in every forward of this batch, warm-up, capture and
-replay alike). Larger steps (prefill) take a zeroed buffer per launch.
+replay alike). Larger steps (prefill) take one zeroed buffer per layer for all its slices
+([NUM_SLICES, num_tokens, max_rank], a few MB): one allocation and memset per layer instead of
+one per projection, which an eager step pays on the host for every launch.
 
 Overlap: for decode-sized steps on CUDA, `begin` runs the shrink on the workspace's side stream,
 beside the base GEMM (which only reads x too). A prefill GEMM already fills the GPU, so larger
@@ -117,6 +119,10 @@ class LoRABatch:
     reduce: TPGroup | None = None  # tensor parallelism: row-parallel shrinks are summed
     _buffer: torch.Tensor | None = field(default=None, init=False, repr=False)
     _first_launch: tuple[int, str] | None = field(default=None, init=False, repr=False)
+    # Steps too large for the workspace: (layer, its zeroed buffer, the slices handed out of it).
+    _layer_buffer: tuple[int, torch.Tensor, set[int]] | None = field(
+        default=None, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self._buffer = self.workspace.for_step(self.sorted_token_ids.shape[0])
@@ -204,13 +210,24 @@ class LoRABatch:
     ) -> torch.Tensor:
         """A zeroed [num_slices, num_tokens, max_rank] float32 buffer for the shrink."""
         if self._buffer is None:
-            shape = (slices.stop - slices.start, x.shape[0], self.workspace.max_rank)
-            return torch.zeros(shape, dtype=torch.float32, device=x.device)
+            return self._layer_buffer_slices(layer_idx, slices, x)
         if self._first_launch is None:
             self._first_launch = (layer_idx, first_name)
         if self._first_launch == (layer_idx, first_name):  # a new forward: one memset
             self._buffer.zero_()
         return self._buffer[layer_idx, slices]
+
+    def _layer_buffer_slices(self, layer_idx: int, slices: slice, x: torch.Tensor) -> torch.Tensor:
+        """`slices` of the layer's zeroed buffer; a new buffer for a new layer, and for slices
+        already handed out (the next forward of this batch, if it has one layer)."""
+        wanted = set(range(slices.start, slices.stop))
+        current = self._layer_buffer
+        if current is None or current[0] != layer_idx or wanted & current[2]:
+            shape = (NUM_SLICES, x.shape[0], self.workspace.max_rank)
+            buffer = torch.zeros(shape, dtype=torch.float32, device=x.device)
+            current = self._layer_buffer = (layer_idx, buffer, set())
+        current[2].update(wanted)
+        return current[1][slices]
 
     def _expand(self, shrunk: LoRAShrunk, y: torch.Tensor) -> None:
         tables = self._expand_tables(shrunk)

@@ -1,8 +1,9 @@
 """LoRABatch: begin/finish add each token's adapter deltas, read from the adapters' pages.
 
-Steps that fit the step workspace and steps that take a buffer per launch must give the same
+Steps that fit the step workspace and steps that take a buffer per layer must give the same
 deltas, forward after forward: the workspace is zeroed once per forward, at its first launch,
-so a dirty workspace left by the previous forward must not leak into the next one.
+and a layer's buffer serves each of its slices once, so nothing one forward left in either
+may leak into the next one.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ ADAPTER_SETS: dict[str, dict[int, tuple[int, tuple[str, ...]]]] = {
     "down-only": {2: (4, ("down_proj",))},
 }
 # Tokens a step may have and still use the workspace: a step of 8 tokens fits, 4 do not.
-WORKSPACE_SIZES = {"step-workspace": 64, "buffer-per-launch": 4}
+WORKSPACE_SIZES = {"step-workspace": 64, "buffer-per-layer": 4}
 
 
 def pick_device(kernels: str, monkeypatch: pytest.MonkeyPatch) -> torch.device:
@@ -96,13 +97,17 @@ def expected_delta(
 
 
 def check_forward(
-    batch: LoRABatch, adapters: dict, token_adapters: list[int], device: torch.device
+    batch: LoRABatch,
+    adapters: dict,
+    token_adapters: list[int],
+    device: torch.device,
+    layers: range = range(ARCH.num_hidden_layers),
 ) -> None:
     """One forward: every layer's projections in model order, `begin` before a stand-in base
     matmul and `finish` after it, deltas checked against float64. o_proj and down_proj pass a
     residual stream as `delta_into`, as MergedLinear does: their deltas must land there, and y
     must stay the base output."""
-    for layer in range(ARCH.num_hidden_layers):
+    for layer in layers:
         for names in GROUPS:
             sizes = tuple(SHAPES[m][1] for m in names)
             x = torch.randn(len(token_adapters), SHAPES[names[0]][0])
@@ -145,6 +150,10 @@ def test_begin_finish_add_each_adapters_deltas(
         if forward == 1 and uses_workspace:
             ws.for_step(len(token_adapters)).fill_(7.0)  # dirty; must be re-zeroed
         check_forward(batch, adapters, token_adapters, device)
+    # Forwards of one layer: a step too large for the workspace shrinks into one buffer per
+    # layer, and the next forward's layer 0 must not add into the last one's.
+    for _ in range(2):
+        check_forward(batch, adapters, token_adapters, device, layers=range(1))
 
 
 def test_workspace_views_and_size_cap() -> None:
