@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex.kernels.launch_checks import check
+from loraplex.kernels.launch_checks import check, check_one_device
 from loraplex.kernels.triton.grid_math import next_power_of_2
 from loraplex.kernels.triton.tile_table import MIN_DOT_DIM
 
@@ -140,6 +140,15 @@ def segment_token_ids(  # type: ignore[no-untyped-def]
     return token_ids, mask_m
 
 
+# Mappings that passed `check_lora_mapping`, by the identity of their tensors: a step hands the
+# same mapping, and the adapter pool the same cached table views, to every LoRA launch of its
+# forward (hundreds), so each combination is checked once. The entries hold their tensors, so
+# no id is reused while its entry lives; the checked properties (shapes, dtypes, strides,
+# device) are fixed for a tensor object, since nothing resizes these tensors in place.
+_PASSED_MAX = 64
+_passed: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
+
+
 def check_lora_mapping(
     op: str,
     num_tokens: int,
@@ -153,7 +162,19 @@ def check_lora_mapping(
     slot_start_loc: torch.Tensor,
 ) -> None:
     """Raise ValueError (prefixed with `op`) unless the adapter tables and the batch mapping
-    fit the launch's shapes."""
+    fit the launch's shapes and lie on one device."""
+    tensors = (
+        page_table,
+        first_page,
+        lora_ranks,
+        slot_adapters,
+        num_active_slots,
+        sorted_token_ids,
+        slot_start_loc,
+    )
+    key = (num_tokens, num_slices, *map(id, tensors))
+    if key in _passed:
+        return
     check(op, page_table.dim() == 2, "page_table must be [num_adapters, max_pages]")
     num_adapters = page_table.shape[0]
     shape = (num_slices, num_adapters)
@@ -176,3 +197,7 @@ def check_lora_mapping(
         ("lora_ranks", lora_ranks),
     ):
         check(op, t.dtype == torch.int32 and t.stride(1) == 1, "%s must be int32 rows", name)
+    check_one_device(op, *tensors)
+    if len(_passed) >= _PASSED_MAX:
+        _passed.clear()
+    _passed[key] = tensors

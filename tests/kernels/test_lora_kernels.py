@@ -214,6 +214,11 @@ def test_triton_launchers_reject_bad_inputs(
     x, tables = inputs.x, inputs.shrink_tables
     pages, page_table, first_a, ranks, slot_adapters, num_active, ids, loc = tables
     out = torch.zeros(inputs.shape, device=device)
+    # A valid launch first: its mapping's check is remembered, and must not let the same
+    # tensors through at another size, nor a changed set of tensors.
+    triton_kernels.lora_shrink(x, *tables, out)
+    with pytest.raises(ValueError, match=r"sorted_token_ids must be \[num_tokens\]"):
+        triton_kernels.lora_shrink(x[:2], *tables, out[:, :2])
     with pytest.raises(ValueError, match="dtype"):
         triton_kernels.lora_shrink(x.half(), *tables, out)
     with pytest.raises(ValueError, match="out must be"):
@@ -234,6 +239,10 @@ def test_triton_launchers_reject_bad_inputs(
         triton_kernels.lora_shrink(x, pages, page_table, first_a[:, :1], *tables[3:], out)
     with pytest.raises(ValueError, match="slot_start_loc"):
         triton_kernels.lora_shrink(x, *tables[:7], loc[:-1], out)
+    with pytest.raises(ValueError, match="one device"):
+        triton_kernels.lora_shrink(x, *tables[:7], loc.to("meta"), out)
+    with pytest.raises(ValueError, match="one device"):
+        triton_kernels.lora_shrink(x.to("meta"), *tables, out)
     y = torch.zeros(3, 32, device=device)
     args = (out, *inputs.expand_tables, y)
     with pytest.raises(ValueError, match="y_offset"):
