@@ -2,7 +2,8 @@
 their kernels: each launcher's `@triton.jit` kernel is replaced by a launch that does nothing, so
 what is timed is this repo's Python per launch, at W1's prefill-step shapes (4,096 tokens, the
 Llama-3-8B layer, 8 adapters of rank 16). Triton's own launch path comes on top of it on a GPU
-(not measurable here). Also times `LLMEngine.add_request` for 512-token prompts on a tiny
+(not measurable here); one layer's `LoRABatch` calls (4 projections, 7 launches) time the
+engine's own path into them. Also times `LLMEngine.add_request` for 512-token prompts on a tiny
 random model (host work the engine loop does between two steps for every request that arrives).
 
 Runs on the CPU with the CPU build of torch; no GPU.
@@ -42,6 +43,7 @@ def stub_kernels() -> dict[str, object]:
         ("lora_shrink", "_lora_shrink_kernel"),
         ("lora_expand", "_lora_expand_kernel"),
         ("rms_norm", "_rms_norm_kernel"),
+        ("silu_and_mul_lora", "_silu_and_mul_lora_kernel"),
     ):
         module = importlib.import_module(f"loraplex.kernels.triton.{name}")
         setattr(module, kernel, NoLaunch())
@@ -77,6 +79,7 @@ def launcher_calls() -> dict[str, Callable[[], object]]:
     weight = torch.ones(HIDDEN, dtype=torch.bfloat16)
     mapping = (slot_adapters, num_active, sorted_ids, slot_start)
     return {
+        "LoRABatch, one layer": lora_layer_call(m),
         "lora_shrink (q/k/v)": lambda: m["lora_shrink"].lora_shrink(
             x, pages, page_table, first_page, ranks, *mapping, lora_out, zero_out=False
         ),
@@ -87,6 +90,56 @@ def launcher_calls() -> dict[str, Callable[[], object]]:
         # blocks would.
         "fused_add_rms_norm": lambda: m["rms_norm"].fused_add_rms_norm(x, residual, weight, 1e-5),
     }
+
+
+def lora_layer_call(modules: dict[str, object]) -> Callable[[], object]:
+    """One decoder layer's LoRA work in an eager prefill step, as the model's projections run
+    it: `LoRABatch.begin` / `finish` around q/k/v, o (into the residual), gate/up (into the
+    activation) and down (into the residual), with the Triton launchers and stubbed kernels.
+    Tensors live on the meta device: no memory is touched, so buffer zeroing costs only its
+    host calls, as on a GPU."""
+    from loraplex.engine.lora import lora_batch
+    from loraplex.engine.lora.adapter_pool import AdapterTables
+    from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
+
+    meta = torch.device("meta")
+    lora_batch.lora_shrink = modules["lora_shrink"].lora_shrink
+    lora_batch.lora_expand = modules["lora_expand"].lora_expand
+    lora_batch.silu_and_mul_lora = modules["silu_and_mul_lora"].silu_and_mul_lora
+    layers, intermediate = 32, 14336
+    pages = torch.empty(layers, 64, HIDDEN, dtype=torch.bfloat16, device=meta)
+    tables = AdapterTables(pages, ADAPTERS, 64)
+    batch = LoRABatch(
+        tables,
+        LoRAWorkspace(layers, RANK, meta),
+        sorted_token_ids=torch.empty(TOKENS, dtype=torch.int32, device=meta),
+        slot_start_loc=torch.empty(ADAPTERS + 1, dtype=torch.int32, device=meta),
+        slot_adapters=torch.empty(ADAPTERS, dtype=torch.int32, device=meta),
+        num_active_slots=torch.empty(1, dtype=torch.int32, device=meta),
+        modules=set(LORA_MODULES),
+    )
+    x = torch.empty(TOKENS, HIDDEN, dtype=torch.bfloat16, device=meta)
+    x_down = torch.empty(TOKENS, intermediate, dtype=torch.bfloat16, device=meta)
+    y_qkv = torch.empty(TOKENS, sum(QKV_SIZES), dtype=torch.bfloat16, device=meta)
+    y_gate_up = torch.empty(TOKENS, 2 * intermediate, dtype=torch.bfloat16, device=meta)
+    residual = torch.empty(TOKENS, HIDDEN, dtype=torch.bfloat16, device=meta)
+    layer = iter(range(1 << 62))  # a new layer each call, as a forward walks them
+
+    def one_layer() -> None:
+        i = next(layer) % layers
+        qkv = batch.begin(i, ("q_proj", "k_proj", "v_proj"), QKV_SIZES, x)
+        batch.finish(qkv, y_qkv)
+        o = batch.begin(i, ("o_proj",), (HIDDEN,), x, delta_into=residual)
+        batch.finish(o, residual)
+        gate_up = batch.begin(
+            i, ("gate_proj", "up_proj"), (intermediate, intermediate), x, all_slices=True
+        )
+        assert gate_up is not None
+        batch.silu_and_mul(gate_up, y_gate_up)
+        down = batch.begin(i, ("down_proj",), (HIDDEN,), x_down, delta_into=residual)
+        batch.finish(down, residual)
+
+    return one_layer
 
 
 def add_request_us(repeats: int) -> float:
