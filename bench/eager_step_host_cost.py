@@ -1,0 +1,152 @@
+"""Host time of one eager forward (a step that no CUDA graph serves: W1's mixed prefill +
+decode steps) at the Llama-3-8B shape, with and without 8 adapters: every Triton kernel is
+stubbed and every tensor lives on the meta device, so what is timed is the Python and
+PyTorch's host calls of the forward as the GPU path makes them (the Triton launchers, the
+LoRA batch, cuBLAS calls' dispatch), without the kernels and without Triton's own launch path
+(not measurable without a GPU; it comes on top, per launch).
+
+PyTorch's ops on meta tensors run Python meta functions, which cost more than a CUDA op's C++
+dispatch: the absolute figures overstate the torch ops' share; compare trees, and the
+difference that adapters make (mostly this repo's Python), rather than the totals. Where an FP8
+base with adapters is host-paced (bench/results/h100-fa6d785-host-prep-serve-clients), this is
+the part of the host's step that the engine's own code decides.
+
+    python bench/eager_step_host_cost.py [--repeats 20] [--profile 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib
+import pkgutil
+import pstats
+import time
+from collections.abc import Callable
+
+import torch
+from workload import LORA_MODULES, SHAPES
+
+import loraplex.kernels.triton as triton_pkg
+from loraplex.engine.lora import lora_batch
+from loraplex.engine.lora.adapter_pool import AdapterTables
+from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
+from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
+from loraplex.engine.model.hf_config import ModelArchConfig
+from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.kernels import dispatch
+
+META = torch.device("meta")
+BLOCK_SIZE, NUM_ADAPTERS, RANK = 16, 8, 16
+# W1's steady mixed step: decodes of the running requests beside prefill chunks.
+NUM_DECODES, NUM_PREFILLS, PROMPT_LEN, CONTEXT = 240, 15, 512, 600
+
+
+class NoLaunch:
+    """Stands in for a `@triton.jit` kernel: `kernel[grid](*args)` only counts the launch."""
+
+    launches = 0
+
+    def __getitem__(self, grid: object) -> Callable[..., None]:
+        return self._launch
+
+    @staticmethod
+    def _launch(*args: object, **kwargs: object) -> None:
+        NoLaunch.launches += 1
+
+
+def stub_triton() -> int:
+    """Every Triton kernel of loraplex.kernels.triton replaced; the dispatchers send meta
+    tensors to the Triton launchers. Returns the number of kernels stubbed."""
+    import triton
+
+    stubbed = 0
+    for info in pkgutil.iter_modules(triton_pkg.__path__):
+        module = importlib.import_module(f"{triton_pkg.__name__}.{info.name}")
+        for name, value in list(vars(module).items()):
+            if isinstance(value, triton.runtime.jit.JITFunction) and not name.startswith("_"):
+                continue  # @triton.jit helpers called from kernels, never launched
+            if isinstance(value, triton.runtime.jit.JITFunction):
+                setattr(module, name, NoLaunch())
+                stubbed += 1
+    dispatch._use_triton = lambda t: True  # type: ignore[assignment]
+    dispatch._triton_serves = lambda device: True  # type: ignore[assignment]
+    for name in ("lora_shrink", "lora_expand", "silu_and_mul_lora"):
+        setattr(lora_batch, name, getattr(dispatch, name))
+    return stubbed
+
+
+def mixed_step(arch: ModelArchConfig, num_blocks: int) -> tuple[torch.Tensor, ForwardContext]:
+    num_seqs = NUM_DECODES + NUM_PREFILLS
+    num_tokens = NUM_DECODES + NUM_PREFILLS * PROMPT_LEN
+    max_blocks = -(-max(CONTEXT, PROMPT_LEN) // BLOCK_SIZE)
+    attn = AttentionMetadata(
+        slot_mapping=torch.empty(num_tokens, dtype=torch.int64, device=META),
+        block_tables=torch.empty(num_seqs, max_blocks, dtype=torch.int32, device=META),
+        seq_lens=torch.empty(num_seqs, dtype=torch.int32, device=META),
+        query_start_loc=torch.empty(num_seqs + 1, dtype=torch.int32, device=META),
+        max_query_len=PROMPT_LEN,
+        max_seq_len=CONTEXT,
+        num_decode_seqs=NUM_DECODES,
+    )
+    head_dim = arch.hidden_size // arch.num_attention_heads
+    kv_shape = (num_blocks, BLOCK_SIZE, arch.num_key_value_heads, head_dim)
+    kv_caches = [
+        (torch.empty(kv_shape, dtype=torch.bfloat16, device=META),) * 2
+        for _ in range(arch.num_hidden_layers)
+    ]
+    return torch.empty(num_tokens, dtype=torch.int64, device=META), ForwardContext(attn, kv_caches)
+
+
+def lora_for(arch: ModelArchConfig, num_tokens: int) -> LoRABatch:
+    pages = torch.empty(arch.num_hidden_layers, 256, 4096, dtype=torch.bfloat16, device=META)
+    return LoRABatch(
+        AdapterTables(pages, NUM_ADAPTERS, 64),
+        LoRAWorkspace(arch.num_hidden_layers, RANK, META),
+        sorted_token_ids=torch.empty(num_tokens, dtype=torch.int32, device=META),
+        slot_start_loc=torch.empty(NUM_ADAPTERS + 1, dtype=torch.int32, device=META),
+        slot_adapters=torch.empty(NUM_ADAPTERS, dtype=torch.int32, device=META),
+        num_active_slots=torch.empty(1, dtype=torch.int32, device=META),
+        modules=set(LORA_MODULES),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--profile", type=int, default=0, help="print the N costliest functions")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(f"{stub_triton()} Triton kernels stubbed")
+    arch = ModelArchConfig.from_dict({**SHAPES["llama3-8b"], "model_type": "llama"})
+    model = LlamaForCausalLM(arch, torch.bfloat16, META)
+    input_ids, ctx = mixed_step(arch, num_blocks=4096)
+    positions = torch.empty_like(input_ids)
+    print(
+        f"step: {NUM_DECODES} decodes + {NUM_PREFILLS} x {PROMPT_LEN}-token prefill chunks "
+        f"= {input_ids.shape[0]} tokens, {arch.num_hidden_layers} layers"
+    )
+    for label, lora in (("no adapters", None), (f"{NUM_ADAPTERS} adapters", "lora")):
+        ctx.lora = None if lora is None else lora_for(arch, input_ids.shape[0])
+        with torch.inference_mode():
+            for _ in range(3):
+                model(input_ids, positions, ctx)
+            start = time.perf_counter()
+            for _ in range(args.repeats):
+                model(input_ids, positions, ctx)
+            per_step = (time.perf_counter() - start) / args.repeats
+            NoLaunch.launches = 0
+            model(input_ids, positions, ctx)
+            print(
+                f"{label:<12} {1e3 * per_step:7.2f} ms per forward, "
+                f"{NoLaunch.launches} Triton launches",
+                flush=True,
+            )
+            if args.profile:
+                profile = cProfile.Profile()
+                profile.runcall(model, input_ids, positions, ctx)
+                pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
+
+
+if __name__ == "__main__":
+    main()
