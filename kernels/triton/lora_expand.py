@@ -292,7 +292,7 @@ def _check_args(
         sorted_token_ids,
         slot_start_loc,
     )
-    check_lora_mapping(OP, num_tokens, num_slices, *mapping)
+    check_lora_mapping(OP, num_tokens, num_slices, mapping)
     check(OP, lora_out.stride(2) == 1 and y.stride(1) == 1, "lora_out and y need contiguous rows")
     check(OP, pages.stride(1) == 1, "pages need contiguous rows")
     check_one_device(OP, lora_out, pages, y, scalings, sorted_token_ids)

@@ -153,17 +153,15 @@ def check_lora_mapping(
     op: str,
     num_tokens: int,
     num_slices: int,
-    page_table: torch.Tensor,
-    first_page: torch.Tensor,
-    lora_ranks: torch.Tensor,
-    slot_adapters: torch.Tensor,
-    num_active_slots: torch.Tensor,
-    sorted_token_ids: torch.Tensor,
-    slot_start_loc: torch.Tensor,
+    tensors: tuple[torch.Tensor, ...],
 ) -> None:
-    """Raise ValueError (prefixed with `op`) unless the adapter tables and the batch mapping
-    fit the launch's shapes and lie on one device."""
-    tensors = (
+    """Raise ValueError (prefixed with `op`) unless the adapter tables and the batch mapping,
+    `tensors` = (page_table, first_page, lora_ranks, slot_adapters, num_active_slots,
+    sorted_token_ids, slot_start_loc), fit the launch's shapes and lie on one device."""
+    key = (num_tokens, num_slices, *map(id, tensors))
+    if key in _passed:
+        return
+    (
         page_table,
         first_page,
         lora_ranks,
@@ -171,10 +169,7 @@ def check_lora_mapping(
         num_active_slots,
         sorted_token_ids,
         slot_start_loc,
-    )
-    key = (num_tokens, num_slices, *map(id, tensors))
-    if key in _passed:
-        return
+    ) = tensors
     check(op, page_table.dim() == 2, "page_table must be [num_adapters, max_pages]")
     num_adapters = page_table.shape[0]
     shape = (num_slices, num_adapters)

@@ -220,7 +220,7 @@ def _check_args(
         sorted_token_ids,
         slot_start_loc,
     )
-    check_lora_mapping(OP, num_tokens, num_slices, *mapping)
+    check_lora_mapping(OP, num_tokens, num_slices, mapping)
     check(OP, x.stride(1) == 1 and out.stride(2) == 1, "x and out need contiguous rows")
     check(OP, pages.stride(1) == 1, "pages need contiguous rows")
     check_one_device(OP, x, pages, out, sorted_token_ids)

@@ -270,7 +270,7 @@ def _check_args(
         sorted_token_ids,
         slot_start_loc,
     )
-    check_lora_mapping(OP, num_tokens, 2, *mapping)
+    check_lora_mapping(OP, num_tokens, 2, mapping)
     check(OP, x.stride(1) == 1 and lora_out.stride(2) == 1, "x and lora_out need contiguous rows")
     check(OP, pages.stride(1) == 1, "pages need contiguous rows")
     check_one_device(OP, x, lora_out, pages, scalings, sorted_token_ids)
