@@ -108,6 +108,15 @@ class LoRAShrunk:
 
 
 @dataclass
+class _LayerBuffer:
+    """A step too large for the workspace: the current layer's zeroed shrink buffer."""
+
+    layer_idx: int
+    buffer: torch.Tensor  # [NUM_SLICES, num_tokens, max_rank] float32
+    handed_out: int = 0  # bit i: slice i's rows went to a shrink already
+
+
+@dataclass
 class LoRABatch:
     pool: AdapterTables
     workspace: LoRAWorkspace
@@ -119,10 +128,7 @@ class LoRABatch:
     reduce: TPGroup | None = None  # tensor parallelism: row-parallel shrinks are summed
     _buffer: torch.Tensor | None = field(default=None, init=False, repr=False)
     _first_launch: tuple[int, str] | None = field(default=None, init=False, repr=False)
-    # Steps too large for the workspace: (layer, its zeroed buffer, the slices handed out of it).
-    _layer_buffer: tuple[int, torch.Tensor, set[int]] | None = field(
-        default=None, init=False, repr=False
-    )
+    _layer_buffer: _LayerBuffer | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._buffer = self.workspace.for_step(self.sorted_token_ids.shape[0])
@@ -220,14 +226,14 @@ class LoRABatch:
     def _layer_buffer_slices(self, layer_idx: int, slices: slice, x: torch.Tensor) -> torch.Tensor:
         """`slices` of the layer's zeroed buffer; a new buffer for a new layer, and for slices
         already handed out (the next forward of this batch, if it has one layer)."""
-        wanted = set(range(slices.start, slices.stop))
+        wanted = ((1 << (slices.stop - slices.start)) - 1) << slices.start
         current = self._layer_buffer
-        if current is None or current[0] != layer_idx or wanted & current[2]:
+        if current is None or current.layer_idx != layer_idx or wanted & current.handed_out:
             shape = (NUM_SLICES, x.shape[0], self.workspace.max_rank)
             buffer = torch.zeros(shape, dtype=torch.float32, device=x.device)
-            current = self._layer_buffer = (layer_idx, buffer, set())
-        current[2].update(wanted)
-        return current[1][slices]
+            current = self._layer_buffer = _LayerBuffer(layer_idx, buffer)
+        current.handed_out |= wanted
+        return current.buffer[slices]
 
     def _expand(self, shrunk: LoRAShrunk, y: torch.Tensor) -> None:
         tables = self._expand_tables(shrunk)
