@@ -161,15 +161,8 @@ def check_lora_mapping(
     key = (num_tokens, num_slices, *map(id, tensors))
     if key in _passed:
         return
-    (
-        page_table,
-        first_page,
-        lora_ranks,
-        slot_adapters,
-        num_active_slots,
-        sorted_token_ids,
-        slot_start_loc,
-    ) = tensors
+    page_table, first_page, lora_ranks = tensors[:3]  # the adapter tables
+    slot_adapters, num_active_slots, sorted_token_ids, slot_start_loc = tensors[3:]  # the step's
     check(op, page_table.dim() == 2, "page_table must be [num_adapters, max_pages]")
     num_adapters = page_table.shape[0]
     shape = (num_slices, num_adapters)
