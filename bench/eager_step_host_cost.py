@@ -11,7 +11,7 @@ difference that adapters make (mostly this repo's Python), rather than the total
 base with adapters is host-paced (bench/results/h100-fa6d785-host-prep-serve-clients), this is
 the part of the host's step that the engine's own code decides.
 
-    python bench/eager_step_host_cost.py [--repeats 20] [--profile 25]
+    python bench/eager_step_host_cost.py [--fp8] [--repeats 20] [--profile 25]
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.llama import LlamaForCausalLM
+from loraplex.engine.model.quant import fp8 as fp8_module
+from loraplex.engine.model.quant.quant_config import Fp8Config
+from loraplex.kernels import cuda as cuda_kernels
 from loraplex.kernels import dispatch
 
 META = torch.device("meta")
@@ -73,6 +76,9 @@ def stub_triton() -> int:
     dispatch._triton_serves = lambda device: True  # type: ignore[assignment]
     for name in ("lora_shrink", "lora_expand", "silu_and_mul_lora"):
         setattr(lora_batch, name, getattr(dispatch, name))
+    # The FP8 GEMM is cuBLAS on CUDA, not a Triton kernel: its CUDA path (torch._scaled_mm,
+    # which has a meta kernel) stands in for the dispatcher's, which takes only CUDA tensors.
+    fp8_module.fp8_scaled_mm = cuda_kernels.fp8_scaled_mm
     return stubbed
 
 
@@ -115,16 +121,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--profile", type=int, default=0, help="print the N costliest functions")
+    ap.add_argument("--fp8", action="store_true", help="an FP8 base (W8A8) instead of bf16")
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"{stub_triton()} Triton kernels stubbed")
     arch = ModelArchConfig.from_dict({**SHAPES["llama3-8b"], "model_type": "llama"})
-    model = LlamaForCausalLM(arch, torch.bfloat16, META)
+    model = LlamaForCausalLM(arch, torch.bfloat16, META, quant=Fp8Config() if args.fp8 else None)
     input_ids, ctx = mixed_step(arch, num_blocks=4096)
     positions = torch.empty_like(input_ids)
     print(
         f"step: {NUM_DECODES} decodes + {NUM_PREFILLS} x {PROMPT_LEN}-token prefill chunks "
-        f"= {input_ids.shape[0]} tokens, {arch.num_hidden_layers} layers"
+        f"= {input_ids.shape[0]} tokens, {arch.num_hidden_layers} layers, "
+        f"{'an FP8' if args.fp8 else 'a bf16'} base"
     )
     for label, lora in (("no adapters", None), (f"{NUM_ADAPTERS} adapters", "lora")):
         ctx.lora = None if lora is None else lora_for(arch, input_ids.shape[0])
