@@ -16,8 +16,9 @@ Shrink buffers: steps of up to `LoRAWorkspace.max_tokens` tokens shrink into the
 the step workspace, which one memset zeroes at the step's first launch (the first adapted
 projection of the forward: the same one in every forward of this batch, warm-up, capture and
 replay alike). Larger steps (prefill) take one zeroed buffer per layer for all its slices
-([NUM_SLICES, num_tokens, max_rank], a few MB): one allocation and memset per layer instead of
-one per projection, which an eager step pays on the host for every launch.
+([NUM_SLICES, num_tokens, max_rank], a few MB), new at each layer and at each forward's first
+launch: one allocation and memset per layer instead of one per projection, which an eager step
+pays on the host for every launch.
 
 Overlap: for decode-sized steps on CUDA, `begin` runs the shrink on the workspace's side stream,
 beside the base GEMM (which only reads x too). A prefill GEMM already fills the GPU, so larger
@@ -108,15 +109,6 @@ class LoRAShrunk:
 
 
 @dataclass
-class _LayerBuffer:
-    """A step too large for the workspace: the current layer's zeroed shrink buffer."""
-
-    layer_idx: int
-    buffer: torch.Tensor  # [NUM_SLICES, num_tokens, max_rank] float32
-    handed_out: int = 0  # bit i: slice i's rows went to a shrink already
-
-
-@dataclass
 class LoRABatch:
     pool: AdapterTables
     workspace: LoRAWorkspace
@@ -128,7 +120,8 @@ class LoRABatch:
     reduce: TPGroup | None = None  # tensor parallelism: row-parallel shrinks are summed
     _buffer: torch.Tensor | None = field(default=None, init=False, repr=False)
     _first_launch: tuple[int, str] | None = field(default=None, init=False, repr=False)
-    _layer_buffer: _LayerBuffer | None = field(default=None, init=False, repr=False)
+    # Steps too large for the workspace: (layer, its zeroed [NUM_SLICES, T, max_rank] buffer).
+    _layer_buffer: tuple[int, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._buffer = self.workspace.for_step(self.sorted_token_ids.shape[0])
@@ -215,25 +208,18 @@ class LoRABatch:
         self, layer_idx: int, first_name: str, slices: slice, x: torch.Tensor
     ) -> torch.Tensor:
         """A zeroed [num_slices, num_tokens, max_rank] float32 buffer for the shrink."""
-        if self._buffer is None:
-            return self._layer_buffer_slices(layer_idx, slices, x)
         if self._first_launch is None:
             self._first_launch = (layer_idx, first_name)
-        if self._first_launch == (layer_idx, first_name):  # a new forward: one memset
-            self._buffer.zero_()
-        return self._buffer[layer_idx, slices]
-
-    def _layer_buffer_slices(self, layer_idx: int, slices: slice, x: torch.Tensor) -> torch.Tensor:
-        """`slices` of the layer's zeroed buffer; a new buffer for a new layer, and for slices
-        already handed out (the next forward of this batch, if it has one layer)."""
-        wanted = ((1 << (slices.stop - slices.start)) - 1) << slices.start
-        current = self._layer_buffer
-        if current is None or current.layer_idx != layer_idx or wanted & current.handed_out:
+        new_forward = self._first_launch == (layer_idx, first_name)
+        if self._buffer is not None:
+            if new_forward:  # one memset per forward
+                self._buffer.zero_()
+            return self._buffer[layer_idx, slices]
+        if new_forward or self._layer_buffer is None or self._layer_buffer[0] != layer_idx:
             shape = (NUM_SLICES, x.shape[0], self.workspace.max_rank)
             buffer = torch.zeros(shape, dtype=torch.float32, device=x.device)
-            current = self._layer_buffer = _LayerBuffer(layer_idx, buffer)
-        current.handed_out |= wanted
-        return current.buffer[slices]
+            self._layer_buffer = (layer_idx, buffer)
+        return self._layer_buffer[1][slices]
 
     def _expand(self, shrunk: LoRAShrunk, y: torch.Tensor) -> None:
         tables = self._expand_tables(shrunk)

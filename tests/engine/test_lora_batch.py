@@ -1,8 +1,8 @@
 """LoRABatch: begin/finish add each token's adapter deltas, read from the adapters' pages.
 
 Steps that fit the step workspace and steps that take a buffer per layer must give the same
-deltas, forward after forward: the workspace is zeroed once per forward, at its first launch,
-and a layer's buffer serves each of its slices once, so nothing one forward left in either
+deltas, forward after forward: the workspace is zeroed at each forward's first launch, and a
+layer's buffer is new for each layer and each forward, so nothing one forward left in either
 may leak into the next one.
 """
 
