@@ -279,11 +279,13 @@ def join_output(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
     reasons replaced; the request's state (finished, cached tokens, error) taken from `later`.
     `earlier` must not have been handed out: it changes."""
     by_index = {c.index: c for c in earlier.outputs}
+    appended = False
     for new in later.outputs:
         old = by_index.get(new.index)
         if old is None:  # a completion `earlier` did not have (a delta lists the changed ones)
             earlier.outputs.append(new)
             by_index[new.index] = new
+            appended = True
             continue
         old.token_ids.extend(new.token_ids)
         old.text += new.text
@@ -292,7 +294,7 @@ def join_output(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
                 old.logprobs = []
             old.logprobs.extend(new.logprobs)
         old.finish_reason, old.stop_reason = new.finish_reason, new.stop_reason
-    if len(earlier.outputs) > 1:
+    if appended:
         earlier.outputs.sort(key=lambda c: c.index)
     earlier.finished, earlier.num_cached_tokens = later.finished, later.num_cached_tokens
     earlier.error = later.error
