@@ -22,15 +22,13 @@ import importlib
 import pkgutil
 import pstats
 import time
-from collections.abc import Callable
 
 import torch
-from workload import LORA_MODULES, SHAPES
+from launcher_host_cost import ADAPTERS, META, NoLaunch, meta_lora_batch
+from workload import SHAPES
 
 import loraplex.kernels.triton as triton_pkg
 from loraplex.engine.lora import lora_batch
-from loraplex.engine.lora.adapter_pool import AdapterTables
-from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
 from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.llama import LlamaForCausalLM
@@ -39,23 +37,9 @@ from loraplex.engine.model.quant.quant_config import Fp8Config
 from loraplex.kernels import cuda as cuda_kernels
 from loraplex.kernels import dispatch
 
-META = torch.device("meta")
-BLOCK_SIZE, NUM_ADAPTERS, RANK = 16, 8, 16
+BLOCK_SIZE = 16
 # W1's steady mixed step: decodes of the running requests beside prefill chunks.
 NUM_DECODES, NUM_PREFILLS, PROMPT_LEN, CONTEXT = 240, 15, 512, 600
-
-
-class NoLaunch:
-    """Stands in for a `@triton.jit` kernel: `kernel[grid](*args)` only counts the launch."""
-
-    launches = 0
-
-    def __getitem__(self, grid: object) -> Callable[..., None]:
-        return self._launch
-
-    @staticmethod
-    def _launch(*args: object, **kwargs: object) -> None:
-        NoLaunch.launches += 1
 
 
 def stub_triton() -> int:
@@ -67,9 +51,9 @@ def stub_triton() -> int:
     for info in pkgutil.iter_modules(triton_pkg.__path__):
         module = importlib.import_module(f"{triton_pkg.__name__}.{info.name}")
         for name, value in list(vars(module).items()):
-            if isinstance(value, triton.runtime.jit.JITFunction) and not name.startswith("_"):
-                continue  # @triton.jit helpers called from kernels, never launched
-            if isinstance(value, triton.runtime.jit.JITFunction):
+            # Launched kernels are private (`_..._kernel`); public @triton.jit helpers are
+            # only called from kernels.
+            if isinstance(value, triton.runtime.jit.JITFunction) and name.startswith("_"):
                 setattr(module, name, NoLaunch())
                 stubbed += 1
     dispatch._use_triton = lambda t: True  # type: ignore[assignment]
@@ -104,19 +88,6 @@ def mixed_step(arch: ModelArchConfig, num_blocks: int) -> tuple[torch.Tensor, Fo
     return torch.empty(num_tokens, dtype=torch.int64, device=META), ForwardContext(attn, kv_caches)
 
 
-def lora_for(arch: ModelArchConfig, num_tokens: int) -> LoRABatch:
-    pages = torch.empty(arch.num_hidden_layers, 256, 4096, dtype=torch.bfloat16, device=META)
-    return LoRABatch(
-        AdapterTables(pages, NUM_ADAPTERS, 64),
-        LoRAWorkspace(arch.num_hidden_layers, RANK, META),
-        sorted_token_ids=torch.empty(num_tokens, dtype=torch.int32, device=META),
-        slot_start_loc=torch.empty(NUM_ADAPTERS + 1, dtype=torch.int32, device=META),
-        slot_adapters=torch.empty(NUM_ADAPTERS, dtype=torch.int32, device=META),
-        num_active_slots=torch.empty(1, dtype=torch.int32, device=META),
-        modules=set(LORA_MODULES),
-    )
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20)
@@ -134,8 +105,10 @@ def main() -> None:
         f"= {input_ids.shape[0]} tokens, {arch.num_hidden_layers} layers, "
         f"{'an FP8' if args.fp8 else 'a bf16'} base"
     )
-    for label, lora in (("no adapters", None), (f"{NUM_ADAPTERS} adapters", "lora")):
-        ctx.lora = None if lora is None else lora_for(arch, input_ids.shape[0])
+    for label, lora in (("no adapters", None), (f"{ADAPTERS} adapters", "lora")):
+        ctx.lora = (
+            None if lora is None else meta_lora_batch(arch.num_hidden_layers, input_ids.shape[0])
+        )
         with torch.inference_mode():
             for _ in range(3):
                 model(input_ids, positions, ctx)

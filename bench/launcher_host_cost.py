@@ -25,15 +25,43 @@ from pathlib import Path
 import torch
 from workload import LORA_MODULES, write_random_adapter, write_shape_checkpoint
 
+from loraplex.engine.lora import lora_batch
+from loraplex.engine.lora.adapter_pool import AdapterTables
+from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
+
 TOKENS, HIDDEN, RANK, ADAPTERS = 4096, 4096, 16, 8
 QKV_SIZES = (4096, 1024, 1024)
 
 
+META = torch.device("meta")
+
+
 class NoLaunch:
-    """Stands in for a `@triton.jit` kernel: `kernel[grid](*args)` does nothing."""
+    """Stands in for a `@triton.jit` kernel: `kernel[grid](*args)` only counts the launch."""
+
+    launches = 0
 
     def __getitem__(self, grid: object) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
+        return self._launch
+
+    @staticmethod
+    def _launch(*args: object, **kwargs: object) -> None:
+        NoLaunch.launches += 1
+
+
+def meta_lora_batch(num_layers: int, num_tokens: int) -> LoRABatch:
+    """A step's LoRABatch on the meta device: ADAPTERS adapters of rank RANK on every module,
+    one slot each, for a model of `num_layers` layers of HIDDEN width."""
+    pages = torch.empty(num_layers, 256, HIDDEN, dtype=torch.bfloat16, device=META)
+    return LoRABatch(
+        AdapterTables(pages, ADAPTERS, 64),
+        LoRAWorkspace(num_layers, RANK, META),
+        sorted_token_ids=torch.empty(num_tokens, dtype=torch.int32, device=META),
+        slot_start_loc=torch.empty(ADAPTERS + 1, dtype=torch.int32, device=META),
+        slot_adapters=torch.empty(ADAPTERS, dtype=torch.int32, device=META),
+        num_active_slots=torch.empty(1, dtype=torch.int32, device=META),
+        modules=set(LORA_MODULES),
+    )
 
 
 def stub_kernels() -> dict[str, object]:
@@ -98,31 +126,16 @@ def lora_layer_call(modules: dict[str, object]) -> Callable[[], object]:
     activation) and down (into the residual), with the Triton launchers and stubbed kernels.
     Tensors live on the meta device: no memory is touched, so buffer zeroing costs only its
     host calls, as on a GPU."""
-    from loraplex.engine.lora import lora_batch
-    from loraplex.engine.lora.adapter_pool import AdapterTables
-    from loraplex.engine.lora.lora_batch import LoRABatch, LoRAWorkspace
-
-    meta = torch.device("meta")
     lora_batch.lora_shrink = modules["lora_shrink"].lora_shrink
     lora_batch.lora_expand = modules["lora_expand"].lora_expand
     lora_batch.silu_and_mul_lora = modules["silu_and_mul_lora"].silu_and_mul_lora
     layers, intermediate = 32, 14336
-    pages = torch.empty(layers, 64, HIDDEN, dtype=torch.bfloat16, device=meta)
-    tables = AdapterTables(pages, ADAPTERS, 64)
-    batch = LoRABatch(
-        tables,
-        LoRAWorkspace(layers, RANK, meta),
-        sorted_token_ids=torch.empty(TOKENS, dtype=torch.int32, device=meta),
-        slot_start_loc=torch.empty(ADAPTERS + 1, dtype=torch.int32, device=meta),
-        slot_adapters=torch.empty(ADAPTERS, dtype=torch.int32, device=meta),
-        num_active_slots=torch.empty(1, dtype=torch.int32, device=meta),
-        modules=set(LORA_MODULES),
-    )
-    x = torch.empty(TOKENS, HIDDEN, dtype=torch.bfloat16, device=meta)
-    x_down = torch.empty(TOKENS, intermediate, dtype=torch.bfloat16, device=meta)
-    y_qkv = torch.empty(TOKENS, sum(QKV_SIZES), dtype=torch.bfloat16, device=meta)
-    y_gate_up = torch.empty(TOKENS, 2 * intermediate, dtype=torch.bfloat16, device=meta)
-    residual = torch.empty(TOKENS, HIDDEN, dtype=torch.bfloat16, device=meta)
+    batch = meta_lora_batch(layers, TOKENS)
+    x = torch.empty(TOKENS, HIDDEN, dtype=torch.bfloat16, device=META)
+    x_down = torch.empty(TOKENS, intermediate, dtype=torch.bfloat16, device=META)
+    y_qkv = torch.empty(TOKENS, sum(QKV_SIZES), dtype=torch.bfloat16, device=META)
+    y_gate_up = torch.empty(TOKENS, 2 * intermediate, dtype=torch.bfloat16, device=META)
+    residual = torch.empty(TOKENS, HIDDEN, dtype=torch.bfloat16, device=META)
     layer = iter(range(1 << 62))  # a new layer each call, as a forward walks them
 
     def one_layer() -> None:
@@ -171,7 +184,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name, call in launcher_calls().items():
-        print(f"{name:<24} {per_call_us(call, args.repeats):7.1f} us per launch", flush=True)
+        print(f"{name:<24} {per_call_us(call, args.repeats):7.1f} us per call", flush=True)
     print(f"{'add_request (512 tokens)':<24} {add_request_us(args.requests):7.1f} us", flush=True)
 
 
