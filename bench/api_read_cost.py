@@ -3,7 +3,7 @@ output deltas to each request and each reader taking its output, as completions 
 Cumulative reads (every output holds the whole completion so far) against delta reads (what the
 server's `EngineStream` asks for: only what came since the last read).
 
-Drives AsyncEngine's per-request state alone, with the engine core's own message types, for a
+Drives AsyncEngine's per-request state (`RequestOutputCollector`) alone, with the engine core's own message types, for a
 batch of running requests that each gain one token (4 characters) per step and a reader that
 keeps up. Runs on the CPU; no model, no event loop.
 
@@ -16,8 +16,8 @@ import argparse
 import asyncio
 import time
 
-from loraplex.engine.async_engine import _Request
 from loraplex.engine.engine_core import CompletionDelta, OutputDelta
+from loraplex.engine.output_collector import RequestOutputCollector
 
 
 def step_ms(delta: bool, num_requests: int, length: int) -> float:
@@ -26,7 +26,8 @@ def step_ms(delta: bool, num_requests: int, length: int) -> float:
     loop = asyncio.new_event_loop()
     try:
         requests = [
-            _Request(None, [5, 6, 7], loop.create_future(), delta) for _ in range(num_requests)
+            RequestOutputCollector(None, [5, 6, 7], loop.create_future(), delta)
+            for _ in range(num_requests)
         ]
         seconds = 0.0
         for step in range(length):

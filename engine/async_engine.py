@@ -9,8 +9,8 @@ one (what the server reads: its per-step work then does not grow with the output
     generate() ──AddRequest/AbortRequest──▶ EngineCore (thread or process)
     per-request output ◀── one call_soon_threadsafe per step ◀── StepMessage (deltas, stats)
 
-Steps a caller did not read in time merge into one output (what vLLM's output collector does):
-under load, readers do less work per token instead of falling further behind.
+Steps a caller did not read in time merge into one output (`output_collector.py`): under
+load, readers do less work per token instead of falling further behind.
 
 Leaving a stream early (or the task being cancelled: a client that hung up) aborts the request.
 """
@@ -21,7 +21,6 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from loraplex.engine.core_transport import CoreTransport, ProcessTransport, ThreadTransport
@@ -31,88 +30,17 @@ from loraplex.engine.engine_core import (
     AdapterCommand,
     AddRequest,
     CommandResult,
-    OutputDelta,
     Shutdown,
     StepMessage,
 )
 from loraplex.engine.errors import EngineDeadError, InvalidParameterError
 from loraplex.engine.llm_engine import LLMEngine, PromptType
-from loraplex.engine.request import (
-    CompletionOutput,
-    Logprob,
-    LoRARequest,
-    RequestOutput,
-    SamplingParams,
-)
+from loraplex.engine.output_collector import RequestOutputCollector
+from loraplex.engine.request import LoRARequest, RequestOutput, SamplingParams
 from loraplex.engine.stats import AdapterLoad, EngineStats
 from loraplex.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Completion:
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[tuple[Logprob, list[Logprob]]] | None = None
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-
-
-@dataclass
-class _Request:
-    """A request as the caller sees it: its outputs so far (with `delta`: since the caller's
-    last read), and whether the caller has read the latest. Steps the caller has not read yet
-    merge into one output: a reader that falls behind (a busy server) costs one output per
-    read, not one per step."""
-
-    prompt: str | None
-    prompt_token_ids: list[int]
-    added: asyncio.Future[Any]
-    delta: bool = False
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    completions: dict[int, _Completion] = field(default_factory=dict)
-    unread: bool = False  # steps applied since the caller's last read
-    finished: bool = False
-    num_cached_tokens: int = 0
-    error: Exception | None = None  # the request failed (its last output carries it)
-    failure: BaseException | None = None  # the engine died
-
-    def apply(self, delta: OutputDelta) -> None:
-        for d in delta.completions:
-            c = self.completions.setdefault(d.completion_index, _Completion())
-            c.token_ids.extend(d.token_ids)
-            c.text += d.text
-            if d.logprobs is not None:
-                c.logprobs = (c.logprobs or []) + d.logprobs  # a new list: reads share it
-            c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
-        self.finished, self.num_cached_tokens = delta.finished, delta.num_cached_tokens
-        self.error = delta.error
-        self.unread = True
-        self.wake.set()
-
-    def fail(self, exc: BaseException) -> None:
-        self.failure = exc
-        self.wake.set()
-
-    def read(self, request_id: str) -> RequestOutput:
-        """The output now, marked read. Cumulative: new token lists, so outputs already handed
-        out stay intact. Delta: the completions that changed since the last read, handed over
-        and forgotten here (nothing is copied)."""
-        self.unread = False
-        outputs = [
-            CompletionOutput(
-                i, c.text, c.token_ids if self.delta else list(c.token_ids), c.finish_reason,
-                c.logprobs, c.stop_reason,
-            )
-            for i, c in sorted(self.completions.items())
-        ]  # fmt: skip
-        if self.delta:
-            self.completions = {}
-        return RequestOutput(
-            request_id, self.prompt, self.prompt_token_ids, outputs, self.finished,
-            self.num_cached_tokens, self.error,
-        )  # fmt: skip
 
 
 class AsyncEngine:
@@ -122,7 +50,7 @@ class AsyncEngine:
         self.model_name = model.rstrip("/").split("/")[-1]
         self.max_model_len = transport.info.max_model_len
         self.vocab_size = transport.info.vocab_size
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, RequestOutputCollector] = {}
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._command_ids = itertools.count(1)
         self._stats = EngineStats()
@@ -203,7 +131,7 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids = await self._tokenize(prompt)
         loop = asyncio.get_running_loop()
-        request = _Request(text, token_ids, loop.create_future(), delta)
+        request = RequestOutputCollector(text, token_ids, loop.create_future(), delta)
         self._requests[request_id] = request
         finished = False
         try:
