@@ -115,10 +115,12 @@ class AsyncEngine:
         fairness_key: str = "",
         cache_salt: str | None = None,
         delta: bool = False,
+        stream: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request until it finishes: cumulative, or with `delta` only
         the completions that changed since the last output and what they gained
-        (`request.join_output` puts deltas back together).
+        (`request.join_output` puts deltas back together). Without `stream`, two outputs at
+        most: the first and, merged, everything after it (`output_collector.py`).
 
         Invalid requests raise before anything is yielded. Leaving the loop early (or the
         task being cancelled, e.g. on client disconnect) aborts the request at once. For a
@@ -131,7 +133,7 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids = await self._tokenize(prompt)
         loop = asyncio.get_running_loop()
-        request = RequestOutputCollector(text, token_ids, loop.create_future(), delta)
+        request = RequestOutputCollector(text, token_ids, loop.create_future(), delta, stream)
         self._requests[request_id] = request
         finished = False
         try:
@@ -145,10 +147,10 @@ class AsyncEngine:
             )  # fmt: skip
             await request.added
             while not finished:
-                if not request.unread and request.failure is None:
+                if not request.has_output and request.failure is None:
                     request.wake.clear()
                     await request.wake.wait()
-                if not request.unread:
+                if not request.has_output:
                     assert request.failure is not None
                     raise request.failure
                 item = request.read(request_id)

@@ -104,10 +104,12 @@ class EngineClient:
         adapter: AdapterRef | None,
         priority: int,
         tenant_key: str,
+        stream: bool = True,
     ) -> EngineStream:
-        """Start one engine request and return its stream of delta outputs. The caller must
-        `close()` it however it ends: that aborts the request if it is still running and waits
-        for the engine's last output; the stream's totals then are the ones billed."""
+        """Start one engine request and return its stream of delta outputs (without `stream`,
+        only the first and then the rest joined: for a caller that only collects them). The
+        caller must `close()` it however it ends: that aborts the request if it is still running
+        and waits for the engine's last output; the stream's totals then are the ones billed."""
         lora_request = None
         if adapter is not None:
             lora_request = LoRARequest(
@@ -127,6 +129,7 @@ class EngineClient:
             fairness_key=tenant_key,
             cache_salt=tenant_key,
             delta=True,
+            stream=stream,
         )
         self._inflight.add(request_id)
         self._idle.clear()

@@ -12,7 +12,7 @@ import secrets
 import anyio
 
 from loraplex.engine.errors import InvalidAdapterError, InvalidParameterError
-from loraplex.engine.request import SamplingParams
+from loraplex.engine.request import RequestOutput, SamplingParams, join_output
 from loraplex.platform import crud
 from loraplex.platform.crud import AdapterRef
 from loraplex.platform.db import Adapter, AdapterStatus, Database
@@ -46,7 +46,7 @@ async def _generate(engine: EngineClient, ref: AdapterRef) -> str | None:
     params = SamplingParams(
         max_tokens=LOAD_CHECK_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0
     )
-    final = None
+    final: RequestOutput | None = None
     async for output in engine.generate(
         request_id=f"load-check-{ref.adapter_id}-{secrets.token_hex(4)}",
         prompt_token_ids=prompt,
@@ -54,8 +54,9 @@ async def _generate(engine: EngineClient, ref: AdapterRef) -> str | None:
         adapter=ref,
         priority=0,
         tenant_key=f"load-check-{secrets.token_hex(8)}",  # shares no prefix cache
+        stream=False,
     ):
-        final = output
+        final = output if final is None else join_output(final, output)  # deltas
     if final is None or len(final.outputs[0].token_ids) != LOAD_CHECK_TOKENS:
         return "the load check generated no tokens"
     logprobs = final.outputs[0].logprobs or []

@@ -125,32 +125,35 @@ class GenerationRun:
         self._finished = False
         state.metrics.request_started(tenant.name)
 
-    async def outputs(self) -> AsyncGenerator[RequestOutput, None]:
-        """The engine's delta outputs (`outputs.py` puts them together). However the consumer
-        leaves (done, failed, or cancelled by a client disconnect at any point), the engine
-        request is ended and the run settled with the engine's own final counts."""
+    async def outputs(self, stream: bool = True) -> AsyncGenerator[RequestOutput, None]:
+        """The engine's delta outputs (`outputs.py` puts them together); without `stream`, the
+        first and then the rest in one (a consumer that only joins them is not woken per step;
+        the first still times the first token). However the consumer leaves (done, failed, or
+        cancelled by a client disconnect at any point), the engine request is ended and the run
+        settled with the engine's own final counts."""
         status: RequestStatus | None = None  # stays None if cancelled or the consumer leaves
         # A client that left while admission was shielded has cancelled this task already, but
         # nothing has delivered it yet: deliver it here, before the request reaches the engine
         # (generate() starts the engine's work at once, and its abort would race the steps).
         # The caller settles the run on this exit, as on any other.
         await anyio.lowlevel.checkpoint_if_cancelled()
-        stream = self.state.engine.generate(
+        engine_stream = self.state.engine.generate(
             request_id=self.plan.request_id,
             prompt_token_ids=self.plan.prompt_token_ids,
             sampling_params=self.plan.sampling_params,
             adapter=self.plan.adapter,
             priority=self.plan.priority,
             tenant_key=str(self.tenant.tenant_id),
+            stream=stream,
         )
         try:
-            async for output in stream:
-                self._count(stream.totals)
+            async for output in engine_stream:
+                self._count(engine_stream.totals)
                 self._token_times.observe(self.num_completion_tokens)
                 await self._charge_tokens()
                 if output.finished:
-                    status = _status_of(stream.totals)
-                    _raise_if_failed(stream.totals)
+                    status = _status_of(engine_stream.totals)
+                    _raise_if_failed(engine_stream.totals)
                 yield output
         except Exception:
             status = status or "error"
@@ -159,7 +162,7 @@ class GenerationRun:
             # Shielded: on a client disconnect this runs inside a cancelled scope, and the
             # abort, the refund, the usage row and the metrics must not be lost with it.
             with anyio.CancelScope(shield=True):
-                self._count(await stream.close())
+                self._count(await engine_stream.close())
                 await self.finish(status or "aborted")
 
     def _count(self, totals: StreamTotals) -> None:
@@ -168,8 +171,9 @@ class GenerationRun:
         self.num_cached_tokens = totals.num_cached_tokens
 
     async def _charge_tokens(self) -> None:
-        """Settle as it streams: tokens beyond the reservation are taken from the tenant's
-        bucket now (debt allowed), so its other requests see them at once."""
+        """Settle as it streams (at each read: every step of a stream, the first output and the
+        last of a non-streamed request): tokens beyond the reservation are taken from the
+        tenant's bucket now (debt allowed), so its other requests see them at once."""
         reservation = self.reservation
         if reservation is None or reservation.tokens_per_minute is None:
             return

@@ -72,9 +72,10 @@ def usage_of(run: GenerationRun) -> Usage:
 
 
 async def final_output(run: GenerationRun) -> RequestOutput:
-    """Run to the end; the whole output (the deltas joined)."""
+    """Run to the end; the whole output (the deltas joined). Not streamed: woken for the first
+    output and the last, not at every step."""
     final: RequestOutput | None = None
-    async with aclosing(run.outputs()) as outputs:
+    async with aclosing(run.outputs(stream=False)) as outputs:
         async for output in outputs:
             final = output if final is None else join_output(final, output)
     assert final is not None and final.finished

@@ -1,5 +1,5 @@
-"""AsyncEngine: streaming (cumulative and delta outputs), abort freeing everything, errors
-before the first output."""
+"""AsyncEngine: streaming (cumulative and delta outputs), non-streamed reads (the first output
+and the rest), abort freeing everything, errors before the first output."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from loraplex.engine import AsyncEngine, InvalidParameterError, SamplingParams
+from loraplex.engine.request import join_output
 from loraplex.platform.demo.tiny_checkpoint import write_random_checkpoint
 
 
@@ -79,6 +80,38 @@ async def test_delta_outputs_joined_equal_the_cumulative_ones(checkpoint):
             assert "".join(o.text for o in parts) == c.text
             assert [lp for o in parts for lp in o.logprobs or ()] == c.logprobs
             assert parts[-1].finish_reason == c.finish_reason == "length"
+    finally:
+        await engine.shutdown()
+
+
+async def test_a_caller_that_does_not_stream_reads_the_first_output_and_then_the_rest(checkpoint):
+    engine = await started(checkpoint)
+    try:
+        params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, n=2, logprobs=1)
+        whole = [out async for out in engine.generate("hello world", params, "whole")][-1]
+        for delta in (False, True):
+            outs = [
+                out
+                async for out in engine.generate(
+                    "hello world", params, f"quiet-{delta}", delta=delta, stream=False
+                )
+            ]
+            # 16 steps; the caller is woken for the first output and for the last only (one,
+            # if the engine was done before the caller first ran).
+            assert len(outs) in (1, 2) and [o.finished for o in outs][-2:] in (
+                [True],
+                [False, True],
+            )
+            final = outs[0]
+            for out in outs[1:]:
+                final = join_output(final, out) if delta else out
+            for c, expected in zip(final.outputs, whole.outputs, strict=True):
+                assert (c.token_ids, c.text) == (expected.token_ids, expected.text)
+                assert c.logprobs == expected.logprobs and c.finish_reason == "length"
+        # A request that fails still wakes its caller with the error.
+        with pytest.raises(InvalidParameterError):
+            async for _ in engine.generate({"prompt_token_ids": []}, params, "bad", stream=False):
+                pass
     finally:
         await engine.shutdown()
 

@@ -277,6 +277,38 @@ async def test_the_engine_gets_tenant_priority_salt_and_adapter(server: Platform
         assert lora.lora_path == adapter["path"]
 
 
+async def test_a_non_streamed_request_reads_two_engine_outputs_a_streamed_one_each_step(
+    server: Platform,
+) -> None:
+    _, headers = await server.tenant("acme")
+    engine = server.state.engine.engine
+    reads: dict[bool, int] = {}
+    real_generate = engine.generate
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:  # counts the outputs the server reads
+        stream = kwargs["stream"]
+        reads[stream] = 0
+        async for output in real_generate(*args, **kwargs):
+            reads[stream] += 1
+            yield output
+
+    engine.generate = spy  # type: ignore[method-assign]
+    try:
+        body = {"model": server.model_name, "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+        whole = await server.client.post("/v1/completions", headers=headers, json=body)
+        streamed = await server.client.post(
+            "/v1/completions", headers=headers, json={**body, "stream": True}
+        )
+    finally:
+        del engine.generate
+    assert whole.status_code == streamed.status_code == 200
+    text = "".join(e["choices"][0]["text"] for e in events(streamed.text)[:-1] if e["choices"])
+    assert whole.json()["choices"][0]["text"] == text
+    assert whole.json()["usage"]["completion_tokens"] == 24
+    # 24 steps: the non-streamed handler woke for the first output and the rest, not per step.
+    assert reads[False] <= 2 and reads[True] > 2
+
+
 def test_resolve_priority() -> None:
     def ctx(tier: TenantTier) -> TenantContext:
         return TenantContext(1, "t", tier, 1, 1, 1, None)
