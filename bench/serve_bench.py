@@ -6,7 +6,7 @@
 Starts `loraplex serve` (SQLite, the in-process rate limiter, the engine in its own process) on
 a Llama-3-8B-shape random model, registers a tenant with limits out of the way, its key and
 `--adapters` random adapters (rank 16 on all 7 projections) through the CLI, then sends the
-requests through the `openai` client, streaming, as a Poisson process at each `--rates` request
+requests through the `openai` client, streaming (or not: `--no-stream`), as a Poisson process at each `--rates` request
 rate (`inf`: all at once, saturation), from `--client-processes` processes (one Python process
 parsing 512 streams is slower than the server); requests spread round-robin over the adapters
 and the base model. Reports per rate: output tok/s, time to first token and inter-token latency
@@ -226,10 +226,18 @@ def random_prompts(
 
 
 async def one_request(
-    client: AsyncOpenAI, model: str, prompt: list[int], output_len: int
+    client: AsyncOpenAI, model: str, prompt: list[int], output_len: int, stream: bool
 ) -> tuple[float | None, list[float], int]:
-    """(time to first token, inter-token gaps, output tokens) of one streamed completion."""
+    """(time to first token, inter-token gaps, output tokens) of one completion, streamed; not
+    streamed: (None, [the whole request's latency], output tokens)."""
     start = time.perf_counter()
+    if not stream:
+        response = await client.completions.create(
+            model=model, prompt=prompt, max_tokens=output_len, temperature=0.0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert response.usage is not None
+        return None, [time.perf_counter() - start], response.usage.completion_tokens
     first, last, gaps, tokens = None, None, [], 0
     stream = await client.completions.create(
         model=model, prompt=prompt, max_tokens=output_len, temperature=0.0, stream=True,
@@ -251,7 +259,7 @@ async def one_request(
 
 async def send_share(
     base_url: str, key: str, models: list[str], prompts: dict[int, list[int]], rate: float,
-    output_len: int, seed: int,
+    output_len: int, seed: int, stream: bool,
 ) -> tuple[float, float, list[tuple[float | None, list[float], int]], float]:  # fmt: skip
     """Send `prompts` ({request index: prompt}) as a Poisson process at `rate`; (wall-clock
     start, end, each request's (TTFT, inter-token gaps, output tokens), this process's CPU
@@ -263,7 +271,7 @@ async def send_share(
     start = time.time()
     for i, prompt in prompts.items():
         tasks.append(asyncio.create_task(
-            one_request(client, models[i % len(models)], prompt, output_len)
+            one_request(client, models[i % len(models)], prompt, output_len, stream)
         ))  # fmt: skip
         if math.isfinite(rate):
             await asyncio.sleep(rng.expovariate(rate))
@@ -281,7 +289,7 @@ def client_process(
 
 def run_rate(
     clients: ProcessPoolExecutor, num_clients: int, base_url: str, key: str, models: list[str],
-    prompts: list[list[int]], rate: float, output_len: int, seed: int,
+    prompts: list[list[int]], rate: float, output_len: int, seed: int, stream: bool = True,
 ) -> dict:  # fmt: skip
     """All `prompts` at `rate` requests/s, sent by `num_clients` processes (a share each, at
     rate / num_clients: together still a Poisson process at `rate`). One Python process
@@ -289,7 +297,7 @@ def run_rate(
     client, not the server."""
     shares = [
         (base_url, key, models, {i: prompts[i] for i in range(c, len(prompts), num_clients)},
-         rate / num_clients, output_len, seed * 1000 + c)
+         rate / num_clients, output_len, seed * 1000 + c, stream)
         for c in range(num_clients)
     ]  # fmt: skip
     parts = list(clients.map(client_process, shares))
@@ -304,7 +312,8 @@ def run_rate(
         "seconds": elapsed,
         "output_tok_s": num_tokens / elapsed,
         "ttft_s": percentiles(ttfts),
-        "itl_s": percentiles(gaps),
+        # Not streamed: each request's whole latency (there is no token to time before it).
+        "itl_s" if stream else "request_latency_s": percentiles(gaps),
         # The busiest client process's CPU time over the round: near 1.0, the clients may be
         # what limits the round (more --client-processes), not the server.
         "client_cpu_share_max": max(cpu for _, _, _, cpu in parts) / elapsed,
@@ -426,6 +435,12 @@ def main() -> None:
         help="requests of the run's shape that warm up the server and the offline engine, "
         "unmeasured",
     )
+    ap.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="non-streamed completions (one JSON body each): TTFT and inter-token latency give "
+        "way to each request's whole latency",
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     engine_args = {"load_format": "dummy", "enable_prefix_caching": False}
@@ -482,7 +497,7 @@ def main() -> None:
         )
         run_rate(
             clients, args.client_processes, base_url, key[0], models, warm, math.inf,
-            args.output_len, seed=1000,
+            args.output_len, seed=1000, stream=not args.no_stream,
         )  # fmt: skip
         for i, rate in enumerate(float(r) for r in args.rates.split(",")):
             prompts = random_prompts(
@@ -496,7 +511,7 @@ def main() -> None:
                 sampler = profiling.enter_context(EngineSampler(base_url, args.sample_interval))
                 run = run_rate(
                     clients, args.client_processes, base_url, key[0], models, prompts, rate,
-                    args.output_len, seed=i,
+                    args.output_len, seed=i, stream=not args.no_stream,
                 )  # fmt: skip
             after = server_cpu_seconds(server.pid)
             time.sleep(0.1)  # the engine's last stats snapshot of the run reaches the API
