@@ -7,6 +7,7 @@ from typing import Any
 
 from loraplex.engine.config import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
     CacheConfig,
     EngineConfig,
     LoRAConfig,
@@ -28,13 +29,17 @@ _SECTIONS: dict[str, type] = {
 
 def create_engine_config(model: str, **kwargs: Any) -> EngineConfig:
     """Route each keyword to the config section that declares it; unknown ones are an error.
-    Without `max_num_batched_tokens`, the device's default budget."""
+    Without `max_num_seqs` or `max_num_batched_tokens` (or given as None), the device's default."""
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     sections["model"]["model"] = model
-    if "max_num_batched_tokens" not in kwargs:
-        device = resolve_device(kwargs.get("device", "auto")).type
-        budget = DEFAULT_MAX_NUM_BATCHED_TOKENS.get(device, DEFAULT_MAX_NUM_BATCHED_TOKENS["cpu"])
-        sections["scheduler"]["max_num_batched_tokens"] = budget
+    device = resolve_device(kwargs.get("device", "auto")).type
+    for key, defaults in (
+        ("max_num_seqs", DEFAULT_MAX_NUM_SEQS),
+        ("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS),
+    ):
+        if kwargs.get(key) is None:
+            kwargs.pop(key, None)
+            sections["scheduler"][key] = defaults.get(device, defaults["cpu"])
     for key, value in kwargs.items():
         owner = next(
             (name for name, cls in _SECTIONS.items() if key in {f.name for f in fields(cls)}), None

@@ -81,7 +81,8 @@ class Settings(BaseSettings):
     # GPUs the model is sharded over (docs/tensor_parallel.md).
     tensor_parallel_size: int = Field(default=1, ge=1)
     max_model_len: int | None = None
-    max_num_seqs: int = 64
+    # None: the engine's default for the device (512 on CUDA, 256 on the CPU).
+    max_num_seqs: int | None = Field(default=None, ge=1)
     max_loras: int | None = None  # distinct adapters in one step; None: no cap
     max_lora_rank: int = 64
     # The engine's step loop in a process of its own (its Python work never competes with the

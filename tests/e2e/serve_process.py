@@ -27,11 +27,12 @@ def spawn_server(
             "LORAPLEX_DEVICE": "cpu",
             "LORAPLEX_MAX_MODEL_LEN": str(settings.max_model_len),
             "LORAPLEX_MAX_COMPLETION_TOKENS": str(settings.max_completion_tokens),
-            "LORAPLEX_MAX_NUM_SEQS": str(settings.max_num_seqs),
             "LORAPLEX_SHUTDOWN_GRACE_S": str(settings.shutdown_grace_s),
             **env,
         }
     )
+    if settings.max_num_seqs is not None:
+        environment["LORAPLEX_MAX_NUM_SEQS"] = str(settings.max_num_seqs)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     log = (settings.data_dir / "serve.log").open("a")
     return subprocess.Popen(

@@ -1,5 +1,5 @@
 """`LLM(...)`-style keywords -> EngineConfig: each to its section, the chunked-prefill budget
-chosen by device when not given."""
+and the sequence cap chosen by device when not given."""
 
 from __future__ import annotations
 
@@ -10,21 +10,31 @@ import pytest
 import torch
 
 from loraplex.engine import LLM
-from loraplex.engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from loraplex.engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from loraplex.engine.engine_args import create_engine_config
 from loraplex.engine.errors import ConfigError
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_the_default_prefill_budget_follows_the_device(device: str) -> None:
-    config = create_engine_config("model-dir", device=device)
-    assert config.scheduler.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS[device]
+def test_the_default_prefill_budget_and_sequence_cap_follow_the_device(device: str) -> None:
+    for config in (
+        create_engine_config("model-dir", device=device),
+        create_engine_config(
+            "model-dir", device=device, max_num_seqs=None, max_num_batched_tokens=None
+        ),
+    ):
+        assert config.scheduler.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS[device]
+        assert config.scheduler.max_num_seqs == DEFAULT_MAX_NUM_SEQS[device]
     assert DEFAULT_MAX_NUM_BATCHED_TOKENS == {"cuda": 8192, "cpu": 256}
+    assert DEFAULT_MAX_NUM_SEQS == {"cuda": 512, "cpu": 256}
 
 
-def test_an_explicit_prefill_budget_wins() -> None:
-    config = create_engine_config("model-dir", device="cpu", max_num_batched_tokens=4096)
+def test_an_explicit_prefill_budget_and_sequence_cap_win() -> None:
+    config = create_engine_config(
+        "model-dir", device="cpu", max_num_batched_tokens=4096, max_num_seqs=7
+    )
     assert config.scheduler.max_num_batched_tokens == 4096
+    assert config.scheduler.max_num_seqs == 7
 
 
 def test_keywords_reach_their_sections_and_unknown_ones_are_refused() -> None:

@@ -27,6 +27,7 @@ def test_environment_and_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         s = Settings()
         assert s.resolved_database_url == f"sqlite:///{data / 'loraplex.db'}"
         assert s.redis_url is None and s.resolved_adapter_dir == data / "adapters"
+        assert s.engine_kwargs()["max_num_seqs"] is None  # the engine's default for the device
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert Settings().data_dir == tmp_path / "xdg" / "loraplex"
     monkeypatch.setenv("LORAPLEX_DATA_DIR", str(tmp_path / "elsewhere"))
