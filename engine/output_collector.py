@@ -64,11 +64,9 @@ class RequestOutputCollector:
             c = self.completions.setdefault(d.completion_index, _Completion())
             c.token_ids.extend(d.token_ids)
             c.text_parts.append(d.text)
-            if d.logprobs is None:
-                pass
-            elif self.delta and c.logprobs is not None:
+            if d.logprobs is not None and self.delta and c.logprobs is not None:
                 c.logprobs.extend(d.logprobs)  # not handed out yet: a read forgets c
-            else:
+            elif d.logprobs is not None:
                 c.logprobs = (c.logprobs or []) + d.logprobs  # a new list: reads share it
             c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
         self.finished, self.num_cached_tokens = delta.finished, delta.num_cached_tokens
