@@ -47,7 +47,7 @@ async def _generate(engine: EngineClient, ref: AdapterRef) -> str | None:
         max_tokens=LOAD_CHECK_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0
     )
     final: RequestOutput | None = None
-    async for output in engine.generate(
+    stream = engine.generate(
         request_id=f"load-check-{ref.adapter_id}-{secrets.token_hex(4)}",
         prompt_token_ids=prompt,
         sampling_params=params,
@@ -55,8 +55,12 @@ async def _generate(engine: EngineClient, ref: AdapterRef) -> str | None:
         priority=0,
         tenant_key=f"load-check-{secrets.token_hex(8)}",  # shares no prefix cache
         stream=False,
-    ):
-        final = output if final is None else join_output(final, output)  # deltas
+    )
+    try:
+        async for output in stream:
+            final = output if final is None else join_output(final, output)  # deltas
+    finally:  # a check cut short (its timeout) aborts its request in the engine
+        await stream.close()
     if final is None or len(final.outputs[0].token_ids) != LOAD_CHECK_TOKENS:
         return "the load check generated no tokens"
     logprobs = final.outputs[0].logprobs or []

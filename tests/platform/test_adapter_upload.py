@@ -13,8 +13,9 @@ import pytest
 
 from loraplex.engine.errors import InvalidAdapterError
 from loraplex.engine.request import LoRARequest
+from loraplex.platform.services import adapter_check
 from tests.engine.hf_reference import hf_greedy
-from tests.platform.platform_harness import Platform
+from tests.platform.platform_harness import MAX_MODEL_LEN, Platform
 from tests.platform.upload_helpers import (
     adapter_files,
     registered,
@@ -172,6 +173,22 @@ async def test_an_adapter_failing_its_load_check_is_never_served(
     assert r.json()["version"] == 2 and r.json()["status"] == "ready"
     assert (await complete(server, headers, "broken")).status_code == 200
     assert (await complete(server, headers, "broken@v1")).status_code == 404
+
+
+async def test_a_load_check_cut_short_leaves_no_request_in_the_engine(
+    server: Platform, adapter_sources: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check past its time limit aborts its generation: nothing keeps running unseen."""
+    tenant, _ = await server.tenant("acme")
+    # A long generation (the context's worth) and a limit far shorter than it takes here.
+    monkeypatch.setattr(adapter_check, "LOAD_CHECK_TOKENS", MAX_MODEL_LEN - 8)
+    monkeypatch.setattr(adapter_check, "LOAD_CHECK_TIMEOUT_S", 0.05)
+    r = await upload(server, tenant["id"], "slow", adapter_files(adapter_sources["r4"]))
+    assert r.status_code == 201, r.text
+    assert r.json()["status"] == "failed" and "did not finish" in r.json()["status_reason"]
+    engine = server.state.engine
+    assert engine.num_inflight == 0
+    assert not engine.engine.engine.has_unfinished_requests()
 
 
 async def test_new_versions_inherit_grants(
