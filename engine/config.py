@@ -79,9 +79,9 @@ class CacheConfig:
 # steps and urgent requests run between the chunks of a long prompt, at no cost in prefill
 # speed (the linear layers are as efficient at 256 rows as at 8192 there).
 DEFAULT_MAX_NUM_BATCHED_TOKENS: dict[str, int] = {"cuda": 8192, "cpu": 256}
-# Sequences per step when none is given, by device. On CUDA a decode step of 512 rows costs far
-# less than two of 256 (the dense layers read their weights once per step), so a saturated
-# engine runs more tokens per second; the KV cache still bounds how many run at once.
+# Sequences per step when none is given, by device. On CUDA a decode step of 512 rows costs less
+# than two of 256 (the dense layers read their weights once per step), so a saturated engine
+# runs more tokens per second; the KV cache still bounds how many run at once.
 DEFAULT_MAX_NUM_SEQS: dict[str, int] = {"cuda": 512, "cpu": 256}
 
 

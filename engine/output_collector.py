@@ -49,7 +49,7 @@ class RequestOutputCollector:
     num_cached_tokens: int = 0
     error: Exception | None = None  # the request failed (its last output carries it)
     failure: BaseException | None = None  # the engine died
-    num_reads: int = 0
+    was_read: bool = False  # the caller has read an output (its first)
 
     @property
     def has_output(self) -> bool:
@@ -57,7 +57,7 @@ class RequestOutputCollector:
         the first output or the last."""
         if not self.unread:
             return False
-        return self.stream or self.num_reads == 0 or self.finished or self.error is not None
+        return self.stream or not self.was_read or self.finished or self.error is not None
 
     def apply(self, delta: OutputDelta) -> None:
         for d in delta.completions:
@@ -84,7 +84,7 @@ class RequestOutputCollector:
         out stay intact. Delta: the completions that changed since the last read, handed over
         and forgotten here (nothing is copied)."""
         self.unread = False
-        self.num_reads += 1
+        self.was_read = True
         outputs = []
         for i, c in sorted(self.completions.items()):
             text = "".join(c.text_parts)
