@@ -443,6 +443,8 @@ def main() -> None:
     )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    # The server and the offline engine get the same engine keywords, and both leave the rest
+    # (max_num_seqs among them) at the engine's defaults: the ratio compares like with like.
     engine_args = {"load_format": "dummy", "enable_prefix_caching": False}
     engine_args |= json.loads(args.engine_args)
 
@@ -459,7 +461,6 @@ def main() -> None:
         "LORAPLEX_DATA_DIR": str(tmp / "data"),
         "LORAPLEX_MODEL": str(model_dir),
         "LORAPLEX_PORT": str(port),
-        "LORAPLEX_MAX_NUM_SEQS": "256",
         "LORAPLEX_PUBLIC_METRICS": "1",  # EngineSampler reads /metrics
         "LORAPLEX_MAX_WAITING_REQUESTS": "100000",
         "LORAPLEX_MAX_WAITING_TOKENS": "1000000000",
