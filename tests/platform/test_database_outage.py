@@ -89,7 +89,9 @@ async def test_postgres_down_mid_run(
     # The key checked moments ago is in the registry cache: served, its row kept for later.
     r = await c.post("/v1/completions", headers=headers, json=body)
     assert r.status_code == 200, r.text
-    assert server.state.usage.num_pending == 1
+    # Its row is kept. The long request's row may be kept by now too: on a fast CPU it ends
+    # while this request waits up to DURABLE_WAIT_S (platform/usage.py) for its row.
+    assert server.state.usage.num_pending >= 1
     ready = await c.get("/ready")
     assert ready.status_code == 503 and ready.json()["checks"]["database"] == "unavailable"
     assert "does not answer" in ready.json()["reasons"]["database"]
