@@ -5,9 +5,9 @@ server's `EngineStream` asks for: only what came since the last read), and delta
 caller that does not stream (`stream=False`: woken for the first output and the last only; the
 figure is the collector's own work; the pump's and the handler's wake-ups it saves come on top).
 
-Drives AsyncEngine's per-request state (`RequestOutputCollector`) alone, with the engine core's own message types, for a
-batch of running requests that each gain one token (4 characters) per step and a reader that
-keeps up. Runs on the CPU; no model, no event loop.
+Drives AsyncEngine's per-request state (`RequestOutputCollector`) alone, with the engine core's
+own message types, for a batch of running requests that each gain one token (4 characters) per
+step and a reader that keeps up. Runs on the CPU; no model, no event loop.
 
     python bench/api_read_cost.py [--requests 256] [--lengths 128,1024,4096]
 """
