@@ -1,120 +1,29 @@
-"""PEFT LoRA loading: real adapters load exactly; every malformed adapter fails with a reason."""
+"""PEFT LoRA loading: real adapters load exactly; every malformed adapter fails with a reason.
+
+Malformed safetensors files: test_safetensors_header.py."""
 
 from __future__ import annotations
 
 import json
 import math
 import shutil
-import struct
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from loraplex.engine.errors import InvalidAdapterError
 from loraplex.engine.lora.adapter import LoRAAdapter, load_lora_adapter
-from loraplex.engine.model.hf_config import ModelArchConfig
-
-peft = pytest.importorskip("peft")
-transformers = pytest.importorskip("transformers")
-
-ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-PREFIX = "base_model.model.model.layers"
-
-
-def tiny_llama_config(hidden_size: int = 32) -> Any:
-    return transformers.LlamaConfig(
-        hidden_size=hidden_size,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        vocab_size=64,
-        architectures=["LlamaForCausalLM"],
-    )
-
-
-def arch_of(hf_config: Any) -> ModelArchConfig:
-    return ModelArchConfig.from_dict(hf_config.to_dict())
-
-
-ARCH = arch_of(tiny_llama_config())
-
-
-def make_peft_model(
-    targets: list[str] | str,
-    r: int = 8,
-    alpha: float = 16,
-    rslora: bool = False,
-    hidden_size: int = 32,
-    **extra: Any,
-) -> Any:
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(tiny_llama_config(hidden_size))
-    config = peft.LoraConfig(
-        r=r, lora_alpha=alpha, target_modules=targets, use_rslora=rslora,
-        init_lora_weights=False, **extra,
-    )  # fmt: skip
-    return peft.get_peft_model(model, config)
-
-
-def save_adapter(path: Path, targets: list[str] | str, **kwargs: Any) -> Any:
-    model = make_peft_model(targets, **kwargs)
-    model.save_pretrained(str(path))
-    return model
-
-
-@pytest.fixture(scope="module")
-def good_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("good") / "adapter"
-    save_adapter(path, ["q_proj", "v_proj", "down_proj"], r=4, alpha=8)
-    return path
-
-
-@pytest.fixture
-def bad_dir(good_dir: Path, tmp_path: Path) -> Path:
-    """A fresh copy of a valid adapter for a test to break."""
-    return Path(shutil.copytree(good_dir, tmp_path / "adapter"))
-
-
-def edit_config(path: Path, **changes: Any) -> None:
-    file = path / "adapter_config.json"
-    config = json.loads(file.read_text())
-    config.update(changes)
-    file.write_text(json.dumps(config))
-
-
-def edit_weights(path: Path, fn: Callable[[dict[str, torch.Tensor]], object]) -> None:
-    file = path / "adapter_model.safetensors"
-    tensors = load_file(str(file))
-    fn(tensors)
-    save_file(tensors, str(file))
-
-
-def write_raw_safetensors(
-    path: Path,
-    header: dict[str, Any],
-    data: bytes,
-    header_len: int | None = None,
-    header_json: bytes | None = None,
-) -> None:
-    blob = header_json if header_json is not None else json.dumps(header).encode()
-    length = len(blob) if header_len is None else header_len
-    (path / "adapter_model.safetensors").write_bytes(struct.pack("<Q", length) + blob + data)
-
-
-def expect_invalid(path: Path, *fragments: str, max_lora_rank: int = 64) -> str:
-    with pytest.raises(InvalidAdapterError) as info:
-        load_lora_adapter(path, ARCH, max_lora_rank)
-    message = str(info.value)
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
-
+from tests.engine.adapter_files import (
+    ALL_MODULES,
+    ARCH,
+    PREFIX,
+    edit_config,
+    edit_weights,
+    expect_invalid,
+    save_adapter,
+)
 
 # ---- real PEFT adapters --------------------------------------------------------------------
 
@@ -331,109 +240,6 @@ def test_real_peft_modules_to_save_rejected(tmp_path: Path) -> None:
 def test_real_peft_bias_all_rejected(tmp_path: Path) -> None:
     save_adapter(tmp_path, ["q_proj"], bias="all")
     expect_invalid(tmp_path, "bias must be 'none'")
-
-
-# ---- safetensors header attacks ------------------------------------------------------------
-
-
-def test_huge_header_length(bad_dir: Path) -> None:
-    write_raw_safetensors(bad_dir, {}, b"", header_len=2**40)
-    expect_invalid(bad_dir, "header length 1099511627776 exceeds the 104857600-byte limit")
-
-
-def test_header_length_beyond_file(bad_dir: Path) -> None:
-    write_raw_safetensors(bad_dir, {}, b"", header_len=5000)
-    expect_invalid(bad_dir, "exceeds the file size")
-
-
-def test_file_shorter_than_length_prefix(bad_dir: Path) -> None:
-    (bad_dir / "adapter_model.safetensors").write_bytes(b"\x01\x02")
-    expect_invalid(bad_dir, "truncated")
-
-
-def f32_entry(shape: list[int], begin: int) -> dict[str, Any]:
-    return {"dtype": "F32", "shape": shape, "data_offsets": [begin, begin + 4 * math.prod(shape)]}
-
-
-def test_overlapping_offsets(bad_dir: Path) -> None:
-    header = {"a": f32_entry([4, 2], 0), "b": f32_entry([4, 2], 16)}
-    write_raw_safetensors(bad_dir, header, bytes(48))
-    expect_invalid(bad_dir, "overlaps")
-
-
-def test_out_of_file_offsets(bad_dir: Path) -> None:
-    header = {"a": f32_entry([4, 2], 0), "b": f32_entry([4, 2], 32)}
-    write_raw_safetensors(bad_dir, header, bytes(40))
-    expect_invalid(bad_dir, "outside the data section")
-
-
-def test_hole_in_data_section(bad_dir: Path) -> None:
-    header = {"a": f32_entry([2], 0), "b": f32_entry([2], 16)}
-    write_raw_safetensors(bad_dir, header, bytes(24))
-    expect_invalid(bad_dir, "unreferenced bytes")
-
-
-def test_trailing_bytes(bad_dir: Path) -> None:
-    write_raw_safetensors(bad_dir, {"a": f32_entry([2], 0)}, bytes(8 + 100))
-    expect_invalid(bad_dir, "trailing unreferenced bytes")
-
-
-def test_duplicate_tensor_names(bad_dir: Path) -> None:
-    name = f"{PREFIX}.0.self_attn.q_proj.lora_A.weight"
-    entry = json.dumps(f32_entry([4, 32], 0))
-    blob = f'{{"{name}": {entry}, "{name}": {entry}}}'.encode()
-    write_raw_safetensors(bad_dir, {}, bytes(512), header_json=blob)
-    expect_invalid(bad_dir, "duplicate key", name)
-
-
-def test_size_mismatch_between_shape_and_offsets(bad_dir: Path) -> None:
-    write_raw_safetensors(
-        bad_dir, {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8)
-    )
-    expect_invalid(bad_dir, "needs 12 bytes but data_offsets span 8")
-
-
-@pytest.mark.parametrize(
-    "entry",
-    [
-        {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]},
-        {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]},
-        {"dtype": "F32", "shape": [1], "data_offsets": [0]},
-        {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "extra": 1},
-        [1, 2, 3],
-    ],
-)
-def test_malformed_entries(bad_dir: Path, entry: Any) -> None:
-    write_raw_safetensors(bad_dir, {"a": entry}, bytes(4))
-    expect_invalid(bad_dir, "safetensors tensor 'a'")
-
-
-def test_header_not_json(bad_dir: Path) -> None:
-    write_raw_safetensors(bad_dir, {}, b"", header_json=b"{oops")
-    expect_invalid(bad_dir, "safetensors header is not valid JSON")
-
-
-def test_bad_metadata(bad_dir: Path) -> None:
-    write_raw_safetensors(bad_dir, {"__metadata__": {"format": 1}}, b"")
-    expect_invalid(bad_dir, "__metadata__")
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.int8])
-def test_wrong_dtype(bad_dir: Path, dtype: torch.dtype) -> None:
-    edit_weights(bad_dir, lambda t: t.update({k: v.to(dtype) for k, v in t.items()}))
-    expect_invalid(bad_dir, "is not allowed", "dtype")
-
-
-def test_truncated_data(bad_dir: Path) -> None:
-    file = bad_dir / "adapter_model.safetensors"
-    file.write_bytes(file.read_bytes()[:-100])
-    expect_invalid(bad_dir, "truncated")
-
-
-def test_truncated_inside_header(bad_dir: Path) -> None:
-    file = bad_dir / "adapter_model.safetensors"
-    file.write_bytes(file.read_bytes()[:60])
-    expect_invalid(bad_dir, "truncated")
 
 
 # ---- tensors against the base model --------------------------------------------------------

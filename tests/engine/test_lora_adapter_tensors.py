@@ -13,8 +13,7 @@ from safetensors.torch import load_file
 
 from loraplex.engine.lora.adapter import _tensor_views, has_non_finite, load_lora_adapter
 from loraplex.engine.lora.safetensors_header import data_section_start, parse_safetensors_header
-from tests.engine import test_lora_adapter as lora_adapter_tests
-from tests.engine.test_lora_adapter import (
+from tests.engine.adapter_files import (
     ARCH,
     PREFIX,
     edit_weights,
@@ -22,10 +21,6 @@ from tests.engine.test_lora_adapter import (
     f32_entry,
     write_raw_safetensors,
 )
-
-# The same valid adapter and fresh broken copies as test_lora_adapter.py's tests use.
-good_dir = lora_adapter_tests.good_dir
-bad_dir = lora_adapter_tests.bad_dir
 
 
 def last_in_file(path: Path) -> str:
