@@ -9,8 +9,8 @@ a Llama-3-8B-shape random model, registers a tenant with limits out of the way, 
 requests through the `openai` client, streaming (or not: `--no-stream`), as a Poisson process
 at each `--rates` request rate (`inf`: all at once, saturation), from `--client-processes`
 processes (one Python process parsing 512 streams is slower than the server); requests spread
-round-robin over the adapters and the base model. Reports per rate: output tok/s, time to first token and inter-token latency
-p50 / p90 / p99, the CPU time of the server's API process and of its engine process (per
+round-robin over the adapters and the base model. Reports per rate: output tok/s, time to first
+token and inter-token latency p50 / p90 / p99, the CPU time of the server's API process and of its engine process (per
 output token, and as a share of one core: near 1.0, that process is the bottleneck), how fast
 requests reached the engine (its queue sampled from /metrics: EngineSampler), and how the engine
 spent the run: its steps, their mean length and tokens, and the share of the wall time spent in
