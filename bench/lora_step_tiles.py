@@ -9,7 +9,7 @@ deltas go into the activation's kernel, timed by bench/silu_lora_tiles.py) of on
 layer, each launch alone replayed from a CUDA graph (a launch from Python takes longer than these
 kernels run; do_bench flushes L2), 8 adapters of rank 16 in an AdapterPool's pages
 (bench/lora_step.py). The candidates are a grid around the table's row for the step's size
-(prefill: tall tiles, long k chunks; decode: 16-32 rows, short chunks, column runs or not).
+(prefill: tall tiles, long k chunks; decode: 16-64 rows, short chunks, column runs or not).
 Every candidate's output is compared with the table row's first (`bad` marks a mismatch).
 Prints us per layer per candidate, the table's row first; `--json` writes them.
 
@@ -55,7 +55,7 @@ def shrink_candidates(num_tokens: int) -> list[ShrinkTiles]:
     if num_tokens > PREFILL_TOKENS:
         grid = itertools.product((64, 128), (64, 128), (1024, 2048, 4096), (4, 8), (3,))
     else:
-        grid = itertools.product((16, 32), (64, 128), (256, 512, 1024), (4,), (2, 3))
+        grid = itertools.product((16, 32, 64), (64, 128), (256, 512, 1024), (4,), (2, 3))
     return [
         ShrinkTiles(m, block_k=k, k_chunk=c, max_block_n=64, num_warps=w, num_stages=s)
         for m, k, c, w, s in grid
@@ -66,7 +66,7 @@ def expand_candidates(num_tokens: int) -> list[ExpandTiles]:
     if num_tokens > PREFILL_TOKENS:
         grid = itertools.product((32, 64, 128), (128, 256), (4, 8), (2, 3), (None, 1024))
     else:
-        grid = itertools.product((16, 32), (64, 128, 256), (4, 8), (2,), (None, 1024, 4096))
+        grid = itertools.product((16, 32, 64), (64, 128, 256), (4, 8), (2,), (None, 1024, 4096))
     return [
         ExpandTiles(m, n, max_block_k=64, num_warps=w, num_stages=s, target_programs=t)
         for m, n, w, s, t in grid

@@ -172,9 +172,16 @@ def main() -> None:
     ap.add_argument("--max-prompt", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--hf-batch-size", type=int, default=8)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument(
+        "--max-num-seqs", type=int, default=None, help="default: the engine's for the device"
+    )
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    ap.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="default: the engine's (0.9) with --skip-hf, else 0.6 (HF's run shares the device)",
+    )
     ap.add_argument("--adapters", default="", help="adapter counts, e.g. 0,1,8,64")
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument(
@@ -219,6 +226,8 @@ def main() -> None:
         "--prefill-profile", help="write cProfile tables of the prefill-carrying steps here"
     )
     args = ap.parse_args()
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = 0.9 if args.skip_hf else 0.6
     # The runner's start-up lines: CUDA-graph capture and kernel warm-up, each with its time.
     logging.basicConfig(format="%(message)s")
     logging.getLogger("loraplex.engine.runner").setLevel(logging.INFO)
