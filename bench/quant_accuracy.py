@@ -90,7 +90,7 @@ def prefill_logits(model: LlamaForCausalLM, chunk: list[int]) -> torch.Tensor:
     )
     ctx = ForwardContext(attn=attn, kv_caches=kv, lora=None)
     hidden = model(torch.tensor(chunk), torch.arange(n), ctx)
-    return model.compute_logits(hidden[:-1])
+    return model.compute_logits(hidden[:-1]).float()
 
 
 def perplexity(model: LlamaForCausalLM, ids: list[int], window: int) -> tuple[float, list[int]]:

@@ -209,12 +209,17 @@ class Sampler:
         return self._default_generators[device]
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        """Sample one token per row of `logits` ([num_seqs, vocab] float32)."""
+        """Sample one token per row of `logits` ([num_seqs, vocab], any float dtype)."""
         return self.sample(logits, md).to_output(md.num_logprobs)
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> SampledTensors:
         """As `__call__`, leaving the results on the logits' device (no sync)."""
         assert logits.dim() == 2 and logits.shape[0] == md.num_seqs
+        plain_greedy = md.all_greedy and md.no_penalties and md.max_num_logprobs is None
+        if plain_greedy and md.banned_token_ids is None:
+            # Argmax needs no float32 copy of the logits: the upcast is exact and keeps their
+            # order, and ties resolve to the first maximum either way.
+            return SampledTensors(logits.argmax(dim=1))
         logits = logits.float()  # a no-op for float32; sampling in half precision loses mass
         if md.banned_token_ids is not None:
             vocab_size = logits.shape[1]

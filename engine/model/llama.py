@@ -219,9 +219,10 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [S, hidden_size] (the rows to sample from) -> logits [S, vocab_size] float32
-        (under tp on every rank: each computes its vocab shard, one all-gather)"""
+        """hidden [S, hidden_size] (the rows to sample from) -> logits [S, vocab_size] in the
+        model's dtype, as HF's LM head rounds them (the sampler takes float32 where it needs it;
+        under tp on every rank: each computes its vocab shard, one all-gather)"""
         if self.tp is None:
-            return F.linear(hidden, self.lm_head_weight).float()
+            return F.linear(hidden, self.lm_head_weight)
         shard = F.linear(hidden, self.lm_head_weight)  # [S, vocab_padded]
-        return self.tp.group.all_gather(shard, dim=-1)[:, : self.arch.vocab_size].float()
+        return self.tp.group.all_gather(shard, dim=-1)[:, : self.arch.vocab_size]

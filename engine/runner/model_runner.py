@@ -151,7 +151,8 @@ class ModelRunner:
                 # With adapters enabled, as much memory as a step with adapters takes.
                 ForwardContext(attn, self.kv_caches, keep_unquantized=self.config.lora.enable_lora),
             )
-            self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :])
+            # float32, as the sampler takes them for all but greedy rows
+            self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :]).float()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated(self.device) - self.kv_cache.nbytes
         self.kv_cache, self.kv_caches = torch.empty(0), []

@@ -69,7 +69,7 @@ class PagedKV:
         ctx = ForwardContext(attn=attn, kv_caches=self.kv_caches, lora=lora)  # type: ignore[arg-type]
         with torch.no_grad():
             hidden = model(torch.tensor(ids), torch.tensor(positions), ctx)
-        return model.compute_logits(hidden)
+        return model.compute_logits(hidden).float()
 
 
 def hf_logits(hf_model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:

@@ -71,6 +71,28 @@ def test_greedy_ties_break_to_first_max() -> None:
     assert out.sampled_token_ids == [5, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_greedy_on_half_precision_logits_equals_greedy_on_their_float32_upcast(
+    dtype: torch.dtype,
+) -> None:
+    # The model's LM head hands the sampler logits in its own dtype; all-greedy steps take the
+    # argmax there, without a float32 copy. Rounded logits tie often: the first maximum wins.
+    logits = (torch.randn(9, 5000, generator=torch.Generator().manual_seed(4)) * 3).to(dtype)
+    logits[0, [7, 4000]] = logits[0].max()  # an exact tie at the top
+    greedy = build([SamplingParams(temperature=0.0)] * 9)
+    out = Sampler()(logits, greedy)
+    assert out.sampled_token_ids == Sampler()(logits.float(), greedy).sampled_token_ids
+    assert out.sampled_token_ids[0] == 7
+    # Rows that ask for logprobs (or penalties) go through float32: the same tokens.
+    with_logprobs = build([SamplingParams(temperature=0.0, logprobs=2)] * 9)
+    out_lp = Sampler()(logits, with_logprobs)
+    assert out_lp.sampled_token_ids == out.sampled_token_ids
+    expected = torch.log_softmax(logits.float(), dim=-1)
+    assert out_lp.logprobs is not None and out_lp.logprobs[0] is not None
+    sampled, _ = out_lp.logprobs[0]
+    assert math.isclose(sampled.logprob, expected[0, 7].item(), rel_tol=1e-5)
+
+
 def test_greedy_rows_in_mixed_batch_are_argmax() -> None:
     logits = distinct_logits(6)
     params = [SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0) for i in range(6)]
