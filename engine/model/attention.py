@@ -12,7 +12,7 @@ from loraplex.engine.model.hf_config import ModelArchConfig
 from loraplex.engine.model.linear import MergedLinear
 from loraplex.engine.model.quant.linear_method import QuantizedInput
 from loraplex.engine.model.quant.quant_config import QuantConfig
-from loraplex.kernels import apply_rotary_pos_emb, paged_attention, reshape_and_cache
+from loraplex.kernels import paged_attention, rotary_and_cache
 
 
 class Attention(nn.Module):
@@ -84,18 +84,20 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(hidden, ctx, quantized=quantized)  # [T, q_size + 2 * kv_size]
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        # Strided views of qkv in; new contiguous [T, heads, head_dim] tensors out. v stays a
-        # strided view: reshape_and_cache reads it in place (one copy less per layer).
-        q, k = apply_rotary_pos_emb(
-            q.view(num_tokens, self.num_heads, self.head_dim),
-            k.view(num_tokens, self.num_kv_heads, self.head_dim),
-            cos,
-            sin,
-        )
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         key_cache, value_cache = ctx.kv_caches[self.layer_idx]
         attn = ctx.attn
-        reshape_and_cache(k, v, key_cache, value_cache, attn.slot_mapping)
+        # Strided views of qkv in, read in place; a new contiguous rotated q out. The rotated k
+        # and v go straight into their cache slots: attention reads the keys from there.
+        q = rotary_and_cache(
+            q.view(num_tokens, self.num_heads, self.head_dim),
+            k.view(num_tokens, self.num_kv_heads, self.head_dim),
+            v.view(num_tokens, self.num_kv_heads, self.head_dim),
+            cos,
+            sin,
+            key_cache,
+            value_cache,
+            attn.slot_mapping,
+        )
         out = paged_attention(
             q,
             key_cache,

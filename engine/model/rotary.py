@@ -4,7 +4,7 @@ Numerics follow Hugging Face transformers exactly: `inv_freq` in float32, angles
 `position * inv_freq` in float32, the "rotate_half" layout (the two halves of a head are the
 real and imaginary parts), cos/sin cast to the activation dtype before they are applied.
 `RotaryEmbedding` computes cos/sin once per step; each attention layer applies them with
-`loraplex.kernels.apply_rotary_pos_emb`.
+`loraplex.kernels.rotary_and_cache` (which also writes the rotated keys into the KV cache).
 """
 
 from __future__ import annotations

@@ -14,7 +14,11 @@ from loraplex.kernels.reference.fused_ops import (
     silu_and_mul,
 )
 from loraplex.kernels.reference.lora import lora_expand, lora_shrink, silu_and_mul_lora
-from loraplex.kernels.reference.paged_attention import paged_attention, reshape_and_cache
+from loraplex.kernels.reference.paged_attention import (
+    paged_attention,
+    reshape_and_cache,
+    rotary_and_cache,
+)
 from loraplex.kernels.reference.w4a16 import dequantize_w4, w4a16_dequantize, w4a16_gemm
 
 __all__ = [
@@ -30,6 +34,7 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "rms_norm_quant_fp8",
+    "rotary_and_cache",
     "silu_and_mul",
     "silu_and_mul_quant_fp8",
     "silu_and_mul_lora",

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from loraplex.kernels.reference.fused_ops import apply_rotary_pos_emb
+
 
 def reshape_and_cache(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -29,6 +31,23 @@ def reshape_and_cache(
     blocks, offsets = slots // block_size, slots % block_size
     key_cache[blocks, offsets] = key[keep].to(key_cache.dtype)
     value_cache[blocks, offsets] = value[keep].to(value_cache.dtype)
+
+
+def rotary_and_cache(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    cos: torch.Tensor,  # [num_tokens, head_dim]
+    sin: torch.Tensor,  # [num_tokens, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; -1 = skip
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """RoPE on q and k, then k and v into the cache: returns the rotated q (attention reads the
+    keys from the cache, so the rotated k is only written there)."""
+    q_rot, k_rot = apply_rotary_pos_emb(q, k, cos, sin)
+    reshape_and_cache(k_rot, v, key_cache, value_cache, slot_mapping)
+    return q_rot
 
 
 def paged_attention(

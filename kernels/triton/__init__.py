@@ -12,6 +12,7 @@ from loraplex.kernels.triton.rms_norm import (
     rms_norm_quant_fp8,
 )
 from loraplex.kernels.triton.rotary import apply_rotary_pos_emb
+from loraplex.kernels.triton.rotary_and_cache import rotary_and_cache
 from loraplex.kernels.triton.silu_and_mul import silu_and_mul
 from loraplex.kernels.triton.silu_and_mul_fp8 import silu_and_mul_quant_fp8
 from loraplex.kernels.triton.silu_and_mul_lora import silu_and_mul_lora
@@ -29,6 +30,7 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "rms_norm_quant_fp8",
+    "rotary_and_cache",
     "silu_and_mul",
     "silu_and_mul_quant_fp8",
     "silu_and_mul_lora",

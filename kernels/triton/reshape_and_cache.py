@@ -27,6 +27,25 @@ NUM_WARPS = 4
 
 
 @triton.jit
+def copy_heads(  # type: ignore[no-untyped-def]
+    src_ptr,
+    dst_ptr,
+    stride_h,
+    dst_stride_h,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    """One token's [NUM_HEADS, HEAD_DIM] row from src_ptr to dst_ptr (head strides given)."""
+    offs_h = tl.arange(0, HEADS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    mask = (offs_h < NUM_HEADS)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    row = tl.load(src_ptr + offs_h[:, None] * stride_h + offs_d[None, :], mask=mask)
+    tl.store(dst_ptr + offs_h[:, None] * dst_stride_h + offs_d[None, :], row, mask=mask)
+
+
+@triton.jit
 def _reshape_and_cache_kernel(  # type: ignore[no-untyped-def]
     key_ptr,
     value_ptr,
@@ -55,23 +74,26 @@ def _reshape_and_cache_kernel(  # type: ignore[no-untyped-def]
         return
     block_id = slot // BLOCK_SIZE
     offset = slot % BLOCK_SIZE
-    offs_h = tl.arange(0, HEADS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    mask = (offs_h < NUM_KV_HEADS)[:, None] & (offs_d < HEAD_DIM)[None, :]
-
-    src = token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
-    dst = (
-        block_id * stride_kcb + offset * stride_kcs + offs_h[:, None] * stride_kch + offs_d[None, :]
+    copy_heads(
+        key_ptr + token * stride_kt,
+        key_cache_ptr + block_id * stride_kcb + offset * stride_kcs,
+        stride_kh,
+        stride_kch,
+        NUM_KV_HEADS,
+        HEAD_DIM,
+        HEADS_PAD,
+        HEAD_DIM_PAD,
     )
-    k = tl.load(key_ptr + src, mask=mask)
-    tl.store(key_cache_ptr + dst, k, mask=mask)
-
-    src = token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
-    dst = (
-        block_id * stride_vcb + offset * stride_vcs + offs_h[:, None] * stride_vch + offs_d[None, :]
+    copy_heads(
+        value_ptr + token * stride_vt,
+        value_cache_ptr + block_id * stride_vcb + offset * stride_vcs,
+        stride_vh,
+        stride_vch,
+        NUM_KV_HEADS,
+        HEAD_DIM,
+        HEADS_PAD,
+        HEAD_DIM_PAD,
     )
-    v = tl.load(value_ptr + src, mask=mask)
-    tl.store(value_cache_ptr + dst, v, mask=mask)
 
 
 def reshape_and_cache(
@@ -82,29 +104,8 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,  # [num_tokens] int64; -1 = skip
 ) -> None:
     """key_cache/value_cache[slot // block_size, slot % block_size] = key/value[t] (in place)."""
-    check(OP, key.dim() == 3 and key.shape == value.shape, "key and value must be equal [T, H, D]")
-    check(
-        OP,
-        key_cache.dim() == 4 and key_cache.shape == value_cache.shape,
-        "key_cache and value_cache must be equal [num_blocks, block_size, H, D]",
-    )
+    check_cache_write_args(OP, key, value, key_cache, value_cache, slot_mapping)
     num_tokens, num_kv_heads, head_dim = key.shape
-    check(OP, key_cache.shape[2:] == (num_kv_heads, head_dim), "cache heads/head_dim != key's")
-    check(
-        OP,
-        key.dtype == value.dtype == key_cache.dtype == value_cache.dtype,
-        "key, value and caches must share one dtype",
-    )
-    check(
-        OP,
-        slot_mapping.shape == (num_tokens,) and slot_mapping.dtype == torch.int64,
-        "slot_mapping must be int64 [num_tokens]",
-    )
-    check(OP, slot_mapping.is_contiguous(), "slot_mapping must be contiguous")
-    check_contiguous_last_dim(
-        OP, key=key, value=value, key_cache=key_cache, value_cache=value_cache
-    )
-    check_one_device(OP, key, value, key_cache, value_cache, slot_mapping)
     if num_tokens == 0:
         return
 
@@ -131,3 +132,37 @@ def reshape_and_cache(
         BLOCK_SIZE=key_cache.shape[1],
         num_warps=NUM_WARPS,
     )
+
+
+def check_cache_write_args(
+    op: str,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Raise ValueError unless key/value [T, H, D] can be written into the caches at the slots."""
+    check(op, key.dim() == 3 and key.shape == value.shape, "key and value must be equal [T, H, D]")
+    check(
+        op,
+        key_cache.dim() == 4 and key_cache.shape == value_cache.shape,
+        "key_cache and value_cache must be equal [num_blocks, block_size, H, D]",
+    )
+    num_tokens, num_kv_heads, head_dim = key.shape
+    check(op, key_cache.shape[2:] == (num_kv_heads, head_dim), "cache heads/head_dim != key's")
+    check(
+        op,
+        key.dtype == value.dtype == key_cache.dtype == value_cache.dtype,
+        "key, value and caches must share one dtype",
+    )
+    check(
+        op,
+        slot_mapping.shape == (num_tokens,) and slot_mapping.dtype == torch.int64,
+        "slot_mapping must be int64 [num_tokens]",
+    )
+    check(op, slot_mapping.is_contiguous(), "slot_mapping must be contiguous")
+    check_contiguous_last_dim(
+        op, key=key, value=value, key_cache=key_cache, value_cache=value_cache
+    )
+    check_one_device(op, key, value, key_cache, value_cache, slot_mapping)

@@ -32,10 +32,11 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _rotate_heads(  # type: ignore[no-untyped-def]
+def rotate_heads(  # type: ignore[no-untyped-def]
     src_ptr,
     dst_ptr,
     stride_h,
+    dst_stride_h,
     c1,
     c2,
     s1,
@@ -45,7 +46,9 @@ def _rotate_heads(  # type: ignore[no-untyped-def]
     HEADS_PAD: tl.constexpr,
     HALF_PAD: tl.constexpr,
 ):
-    # src_ptr/dst_ptr point at this token's row; dst rows are contiguous [NUM_HEADS, 2 * HALF].
+    """One token's heads, rotated: src_ptr/dst_ptr point at its row ([NUM_HEADS, 2 * HALF]
+    with head strides stride_h / dst_stride_h); c1, c2, s1, s2 are its cos/sin halves [1, HALF]
+    in float32. Launch with FP fusion off (see the module docstring)."""
     dtype = dst_ptr.dtype.element_ty
     offs_h = tl.arange(0, HEADS_PAD)
     offs_d = tl.arange(0, HALF_PAD)
@@ -55,7 +58,7 @@ def _rotate_heads(  # type: ignore[no-untyped-def]
     x2 = tl.load(src + HALF_DIM, mask=mask, other=0.0).to(tl.float32)
     out1 = (x1 * c1).to(dtype).to(tl.float32) + (-x2 * s1).to(dtype).to(tl.float32)
     out2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
-    dst = dst_ptr + offs_h[:, None] * (2 * HALF_DIM) + offs_d[None, :]
+    dst = dst_ptr + offs_h[:, None] * dst_stride_h + offs_d[None, :]
     tl.store(dst, out1.to(dtype), mask=mask)
     tl.store(dst + HALF_DIM, out2.to(dtype), mask=mask)
 
@@ -90,10 +93,11 @@ def _rotary_kernel(  # type: ignore[no-untyped-def]
     c2 = tl.load(cos_row + HALF_DIM, mask=mask_d, other=0.0).to(tl.float32)[None, :]
     s1 = tl.load(sin_row, mask=mask_d, other=0.0).to(tl.float32)[None, :]
     s2 = tl.load(sin_row + HALF_DIM, mask=mask_d, other=0.0).to(tl.float32)[None, :]
-    _rotate_heads(
+    rotate_heads(
         q_ptr + token * stride_qt,
         q_out_ptr + token * (NUM_HEADS * 2 * HALF_DIM),
         stride_qh,
+        2 * HALF_DIM,
         c1,
         c2,
         s1,
@@ -103,10 +107,11 @@ def _rotary_kernel(  # type: ignore[no-untyped-def]
         HEADS_PAD,
         HALF_PAD,
     )
-    _rotate_heads(
+    rotate_heads(
         k_ptr + token * stride_kt,
         k_out_ptr + token * (NUM_KV_HEADS * 2 * HALF_DIM),
         stride_kh,
+        2 * HALF_DIM,
         c1,
         c2,
         s1,
@@ -125,19 +130,9 @@ def apply_rotary_pos_emb(
     sin: torch.Tensor,  # [num_tokens, head_dim]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated (q, k) as new contiguous tensors; q and k may be strided views."""
-    check(OP, q.dim() == 3 and k.dim() == 3, "q and k must be [num_tokens, heads, head_dim]")
+    check_rotary_args(OP, q, k, cos, sin)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    check(OP, k.shape == (num_tokens, num_kv_heads, head_dim), "k must match q's tokens/head_dim")
-    check(OP, head_dim % 2 == 0, "head_dim must be even, got %s", head_dim)
-    check(
-        OP,
-        cos.shape == (num_tokens, head_dim) and sin.shape == cos.shape,
-        "cos and sin must be [num_tokens, head_dim]",
-    )
-    check(OP, q.dtype == k.dtype == cos.dtype == sin.dtype, "q, k, cos, sin must share one dtype")
-    check_contiguous_last_dim(OP, q=q, k=k, cos=cos, sin=sin)
-    check_one_device(OP, q, k, cos, sin)
 
     q_out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     k_out = torch.empty((num_tokens, num_kv_heads, head_dim), dtype=k.dtype, device=k.device)
@@ -168,3 +163,21 @@ def apply_rotary_pos_emb(
         enable_fp_fusion=False,
     )
     return q_out, k_out
+
+
+def check_rotary_args(
+    op: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> None:
+    """Raise ValueError unless q [T, H, D], k [T, H_kv, D], cos and sin [T, D] fit one launch."""
+    check(op, q.dim() == 3 and k.dim() == 3, "q and k must be [num_tokens, heads, head_dim]")
+    num_tokens, _, head_dim = q.shape
+    check(op, k.shape == (num_tokens, k.shape[1], head_dim), "k must match q's tokens/head_dim")
+    check(op, head_dim % 2 == 0, "head_dim must be even, got %s", head_dim)
+    check(
+        op,
+        cos.shape == (num_tokens, head_dim) and sin.shape == cos.shape,
+        "cos and sin must be [num_tokens, head_dim]",
+    )
+    check(op, q.dtype == k.dtype == cos.dtype == sin.dtype, "q, k, cos, sin must share one dtype")
+    check_contiguous_last_dim(op, q=q, k=k, cos=cos, sin=sin)
+    check_one_device(op, q, k, cos, sin)

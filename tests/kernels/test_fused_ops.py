@@ -33,7 +33,7 @@ def has_exact_casts(dtype: torch.dtype, device: torch.device) -> bool:
 def fused(triton_kernels: ModuleType) -> SimpleNamespace:
     """The Triton fused-op modules (the `triton_kernels` fixture checks Triton can run)."""
     # By module path: the package re-exports functions of the same names as these modules.
-    names = ("rms_norm", "rotary", "silu_and_mul")
+    names = ("rms_norm", "rotary", "rotary_and_cache", "silu_and_mul")
     return SimpleNamespace(
         **{n: importlib.import_module(f"loraplex.kernels.triton.{n}") for n in names}
     )
@@ -262,7 +262,7 @@ def test_model_through_triton_fused_ops_matches_reference_path(
     monkeypatch.setattr(layers, "rms_norm", fused.rms_norm.rms_norm)
     monkeypatch.setattr(layers, "fused_add_rms_norm", fused.rms_norm.fused_add_rms_norm)
     monkeypatch.setattr(layers, "silu_and_mul", fused.silu_and_mul.silu_and_mul)
-    monkeypatch.setattr(attention, "apply_rotary_pos_emb", fused.rotary.apply_rotary_pos_emb)
+    monkeypatch.setattr(attention, "rotary_and_cache", fused.rotary_and_cache.rotary_and_cache)
     actual = run_model(path, dtype, device)
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)

@@ -11,7 +11,9 @@ from types import ModuleType
 import pytest
 import torch
 
+from loraplex.engine.model.rotary import RotaryEmbedding
 from loraplex.kernels import reference
+from tests.kernels.fused_op_inputs import LLAMA3_ROPE
 from tests.kernels.llama3_shapes import (
     BLOCK_SIZE,
     GPU_DTYPES,
@@ -88,3 +90,35 @@ def test_reshape_and_cache_matches_reference(
     assert torch.equal(
         value_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[written], value[slot_mapping >= 0]
     )
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("num_tokens", [64, 4096])
+def test_rotary_and_cache_equals_rotary_then_cache(
+    triton_kernels: ModuleType, dtype: torch.dtype, num_tokens: int
+) -> None:
+    """One launch, the same bits as the pair it replaces (and as the reference: RoPE rounds as
+    HF's separate ops do); -1 slots skipped."""
+    num_blocks = num_tokens // BLOCK_SIZE + 8
+    qkv = torch.randn(num_tokens, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, device=CUDA).to(dtype)
+    q, k, v = qkv.split([NUM_HEADS, NUM_KV_HEADS, NUM_KV_HEADS], dim=1)
+    positions = torch.randint(0, 8192, (num_tokens,), device=CUDA)
+    cos, sin = RotaryEmbedding(LLAMA3_ROPE, HEAD_DIM, CUDA)(positions, dtype)
+    slot_mapping = torch.randperm(num_blocks * BLOCK_SIZE, device=CUDA)[:num_tokens]
+    slot_mapping[::9] = -1
+    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    caches = [torch.randn(shape, device=CUDA).to(dtype) for _ in range(2)]
+    pair_k, pair_v = (c.clone() for c in caches)
+    ref_k, ref_v = (c.clone() for c in caches)
+    fused_k, fused_v = (c.clone() for c in caches)
+    pair_q, rotated_k = triton_kernels.apply_rotary_pos_emb(q, k, cos, sin)
+    triton_kernels.reshape_and_cache(rotated_k, v, pair_k, pair_v, slot_mapping)
+    ref_q = reference.rotary_and_cache(q, k, v, cos, sin, ref_k, ref_v, slot_mapping)
+    fused_q = triton_kernels.rotary_and_cache(q, k, v, cos, sin, fused_k, fused_v, slot_mapping)
+    for fused, pair, ref in (
+        (fused_q, pair_q, ref_q),
+        (fused_k, pair_k, ref_k),
+        (fused_v, pair_v, ref_v),
+    ):
+        assert torch.equal(fused, pair)
+        assert torch.equal(fused, ref)
