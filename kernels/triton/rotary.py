@@ -64,6 +64,28 @@ def rotate_heads(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def load_cos_sin(  # type: ignore[no-untyped-def]
+    cos_ptr,
+    sin_ptr,
+    token,
+    stride_cos,
+    stride_sin,
+    HALF_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+):
+    """The token's cos/sin halves (c1, c2, s1, s2), each [1, HALF_PAD] float32, for rotate_heads."""
+    offs_d = tl.arange(0, HALF_PAD)
+    mask_d = offs_d < HALF_DIM
+    cos_row = cos_ptr + token * stride_cos + offs_d
+    sin_row = sin_ptr + token * stride_sin + offs_d
+    c1 = tl.load(cos_row, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    c2 = tl.load(cos_row + HALF_DIM, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    s1 = tl.load(sin_row, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    s2 = tl.load(sin_row + HALF_DIM, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    return c1, c2, s1, s2
+
+
+@triton.jit
 def _rotary_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     k_ptr,
@@ -85,14 +107,9 @@ def _rotary_kernel(  # type: ignore[no-untyped-def]
     HALF_PAD: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    offs_d = tl.arange(0, HALF_PAD)
-    mask_d = offs_d < HALF_DIM
-    cos_row = cos_ptr + token * stride_cos + offs_d
-    sin_row = sin_ptr + token * stride_sin + offs_d
-    c1 = tl.load(cos_row, mask=mask_d, other=0.0).to(tl.float32)[None, :]
-    c2 = tl.load(cos_row + HALF_DIM, mask=mask_d, other=0.0).to(tl.float32)[None, :]
-    s1 = tl.load(sin_row, mask=mask_d, other=0.0).to(tl.float32)[None, :]
-    s2 = tl.load(sin_row + HALF_DIM, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    c1, c2, s1, s2 = load_cos_sin(
+        cos_ptr, sin_ptr, token, stride_cos, stride_sin, HALF_DIM, HALF_PAD
+    )
     rotate_heads(
         q_ptr + token * stride_qt,
         q_out_ptr + token * (NUM_HEADS * 2 * HALF_DIM),

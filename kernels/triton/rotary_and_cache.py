@@ -25,7 +25,7 @@ import triton.language as tl
 
 from loraplex.kernels.triton.grid_math import next_power_of_2
 from loraplex.kernels.triton.reshape_and_cache import check_cache_write_args, copy_heads
-from loraplex.kernels.triton.rotary import check_rotary_args, rotate_heads
+from loraplex.kernels.triton.rotary import check_rotary_args, load_cos_sin, rotate_heads
 
 OP = "rotary_and_cache"
 
@@ -66,14 +66,9 @@ def _rotary_and_cache_kernel(  # type: ignore[no-untyped-def]
     BLOCK_SIZE: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    offs_d = tl.arange(0, HALF_PAD)
-    mask_d = offs_d < HALF_DIM
-    cos_row = cos_ptr + token * stride_cos + offs_d
-    sin_row = sin_ptr + token * stride_sin + offs_d
-    c1 = tl.load(cos_row, mask=mask_d, other=0.0).to(tl.float32)[None, :]
-    c2 = tl.load(cos_row + HALF_DIM, mask=mask_d, other=0.0).to(tl.float32)[None, :]
-    s1 = tl.load(sin_row, mask=mask_d, other=0.0).to(tl.float32)[None, :]
-    s2 = tl.load(sin_row + HALF_DIM, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    c1, c2, s1, s2 = load_cos_sin(
+        cos_ptr, sin_ptr, token, stride_cos, stride_sin, HALF_DIM, HALF_PAD
+    )
     rotate_heads(
         q_ptr + token * stride_qt,
         q_out_ptr + token * (NUM_HEADS * 2 * HALF_DIM),
