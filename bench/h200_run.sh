@@ -152,7 +152,7 @@ c.find_smollm2_gguf = lambda: pathlib.Path(sys.argv[1]); c.write_smollm2_checkpo
                agree() { limit ${AGREE_TIMEOUT:-240} python3 bench/bf16_agreement.py --model /tmp/smol \
                  --device cuda --hf-tokens "$OUT/hf_tokens.json" "$@" 2>&1 | grep -v Loading; }
                agree --json "$OUT/agreement_auto.json" | tee "$OUT/agreement.txt"
-               for ops in ${AGREE_OPS-reference paged_attention rms_norm,fused_add_rms_norm silu_and_mul,silu_and_mul_lora apply_rotary_pos_emb}; do
+               for ops in ${AGREE_OPS-reference paged_attention rms_norm,fused_add_rms_norm silu_and_mul,silu_and_mul_lora rotary_and_cache}; do
                  kernels=reference:$ops; [ "$ops" = reference ] && kernels=reference
                  echo "--- LORAPLEX_KERNELS=$kernels" | tee -a "$OUT/agreement.txt"
                  LORAPLEX_KERNELS=$kernels agree --enforce-eager --json "$OUT/agreement_${ops//,/_}.json" | tee -a "$OUT/agreement.txt"

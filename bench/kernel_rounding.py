@@ -22,6 +22,7 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -66,10 +67,19 @@ def fused_ops(num_tokens: int, device: torch.device) -> dict[str, dict[str, floa
     cos = torch.cat([angles.cos()] * 2, dim=-1).to(DTYPE)
     sin = torch.cat([angles.sin()] * 2, dim=-1).to(DTYPE)
     gate_up = randn(num_tokens, 2 * INTERMEDIATE, scale=2.0)
-    cases: dict[str, Callable[[object], tuple[torch.Tensor, ...]]] = {
+
+    def rope(m: Any) -> tuple[torch.Tensor, ...]:
+        """The rotated q, and the rotated k as written into a cache of one token per block."""
+        caches = [torch.zeros(num_tokens, 1, NUM_KV_HEADS, HEAD_DIM, dtype=DTYPE, device=device)]
+        caches.append(caches[0].clone())
+        slots = torch.arange(num_tokens, device=device)
+        q_rot = m.rotary_and_cache(q, k, k, cos, sin, *caches, slots)
+        return q_rot, caches[0][:, 0]
+
+    cases: dict[str, Callable[[Any], tuple[torch.Tensor, ...]]] = {
         "rms_norm": lambda m: (m.rms_norm(x, weight, 1e-5),),
         "fused_add_rms_norm": lambda m: m.fused_add_rms_norm(x, residual, weight, 1e-5),
-        "apply_rotary_pos_emb": lambda m: m.apply_rotary_pos_emb(q, k, cos, sin),
+        "rotary_and_cache": rope,
         "silu_and_mul": lambda m: (m.silu_and_mul(gate_up),),
     }
     out = {}

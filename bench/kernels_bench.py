@@ -50,8 +50,8 @@ from loraplex.engine.lora.adapter_pool import AdapterPool
 from loraplex.engine.lora.lora_batch import LoRAWorkspace
 from loraplex.engine.model.hf_config import RopeConfig
 from loraplex.engine.model.rotary import RotaryEmbedding
+from loraplex.kernels import reference
 from loraplex.kernels import triton as triton_kernels
-from loraplex.kernels.reference import fused_ops
 
 DTYPE = torch.bfloat16
 DEVICE = torch.device("cuda")
@@ -104,7 +104,10 @@ def fused_op_calls(impl: Any, num_tokens: int) -> dict[str, Callable[[], Any]]:
     """op name -> a closure running it through `impl` on the tensors the model hands it."""
     qkv = torch.randn(num_tokens, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, device=DEVICE)
     qkv = qkv.to(DTYPE)
-    q, k = qkv[:, :NUM_HEADS], qkv[:, NUM_HEADS : NUM_HEADS + NUM_KV_HEADS]
+    q, k, v = qkv.split([NUM_HEADS, NUM_KV_HEADS, NUM_KV_HEADS], dim=1)
+    slots = torch.randperm(num_tokens + 64, device=DEVICE)[:num_tokens]
+    key_cache = torch.zeros(num_tokens + 64, 1, NUM_KV_HEADS, HEAD_DIM, device=DEVICE, dtype=DTYPE)
+    value_cache = torch.zeros_like(key_cache)
     rope = RopeConfig(
         rope_type="llama3",
         rope_theta=500000.0,
@@ -120,7 +123,9 @@ def fused_op_calls(impl: Any, num_tokens: int) -> dict[str, Callable[[], Any]]:
     return {
         "rms_norm": lambda: impl.rms_norm(x, weight, 1e-5),
         "fused_add_rms_norm": lambda: impl.fused_add_rms_norm(x, residual, weight, 1e-5),
-        "apply_rotary_pos_emb": lambda: impl.apply_rotary_pos_emb(q, k, cos, sin),
+        "rotary_and_cache": lambda: impl.rotary_and_cache(
+            q, k, v, cos, sin, key_cache, value_cache, slots
+        ),
         "silu_and_mul": lambda: impl.silu_and_mul(gate_up),
     }
 
@@ -129,7 +134,7 @@ def time_fused_ops(tk: Any) -> dict[str, Any]:
     print(f"fused ops, us per call: eager | in a CUDA graph ({GRAPH_REPEATS} calls captured)")
     rows = []
     for num_tokens in (64, 4096):
-        fused, unfused = fused_op_calls(tk, num_tokens), fused_op_calls(fused_ops, num_tokens)
+        fused, unfused = fused_op_calls(tk, num_tokens), fused_op_calls(reference, num_tokens)
         for name in fused:
             row = {"op": name, "num_tokens": num_tokens}
             for impl, calls in (("triton", fused), ("reference", unfused)):
@@ -141,14 +146,14 @@ def time_fused_ops(tk: Any) -> dict[str, Any]:
                 f"{row['reference_us']:7.1f} | graph triton {row['triton_graph_us']:7.1f} ref "
                 f"{row['reference_graph_us']:7.1f}"
             )
-    per_layer = {"fused_add_rms_norm": 2, "apply_rotary_pos_emb": 1, "silu_and_mul": 1}
+    per_layer = {"fused_add_rms_norm": 2, "rotary_and_cache": 1, "silu_and_mul": 1}
     decode = [r for r in rows if r["num_tokens"] == 64 and r["op"] in per_layer]
     step_ms = {
         impl: NUM_LAYERS * sum(per_layer[r["op"]] * r[f"{impl}_graph_us"] for r in decode) / 1e3
         for impl in ("triton", "reference")
     }
     print(
-        f"  decode step (T=64, {NUM_LAYERS} layers, graph): norms + rotary + silu "
+        f"  decode step (T=64, {NUM_LAYERS} layers, graph): norms + rotary and KV write + silu "
         f"{step_ms['reference']:.2f} ms reference -> {step_ms['triton']:.2f} ms Triton"
     )
     return {"rows": rows, "decode_step_ms": step_ms}

@@ -5,7 +5,6 @@ only for the named ops (debugging, A/B checks of one kernel).
 """
 
 from loraplex.kernels.dispatch import (
-    apply_rotary_pos_emb,
     fp8_scaled_mm,
     fused_add_rms_norm,
     fused_add_rms_norm_quant_fp8,
@@ -13,7 +12,6 @@ from loraplex.kernels.dispatch import (
     lora_shrink,
     paged_attention,
     quantize_fp8_per_token,
-    reshape_and_cache,
     rms_norm,
     rms_norm_quant_fp8,
     rotary_and_cache,
@@ -27,7 +25,6 @@ from loraplex.kernels.dispatch import (
 from loraplex.kernels.lora_mapping import build_lora_mapping
 
 __all__ = [
-    "apply_rotary_pos_emb",
     "build_lora_mapping",
     "fp8_scaled_mm",
     "fused_add_rms_norm",
@@ -36,7 +33,6 @@ __all__ = [
     "lora_shrink",
     "paged_attention",
     "quantize_fp8_per_token",
-    "reshape_and_cache",
     "rms_norm",
     "rms_norm_quant_fp8",
     "rotary_and_cache",

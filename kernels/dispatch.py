@@ -13,6 +13,9 @@ import torch
 from loraplex.kernels import cpu, cuda, reference
 
 
+_DISPATCHED_OPS: set[str] = set()  # filled by _dispatch below, at import
+
+
 @functools.cache
 def _reference_ops() -> frozenset[str] | None:
     """The ops `LORAPLEX_KERNELS` sends to the reference: None for all of them ("reference"),
@@ -24,11 +27,12 @@ def _reference_ops() -> frozenset[str] | None:
         return frozenset()
     kind, _, names = value.partition(":")
     ops = frozenset(name.strip() for name in names.split(",") if name.strip())
-    unknown = ops - set(reference.__all__)
+    # Only names this module dispatches: any other name would route nothing, silently.
+    unknown = ops - _DISPATCHED_OPS
     if kind != "reference" or not ops or unknown:
         raise ValueError(
             f"LORAPLEX_KERNELS={value!r}: use 'auto', 'reference' or 'reference:op,...' with ops "
-            f"from {sorted(reference.__all__)}"
+            f"from {sorted(_DISPATCHED_OPS)}"
         )
     return ops
 
@@ -90,6 +94,7 @@ def _dispatch(
 ) -> Callable[..., Any]:
     """`cuda_fn`: a CUDA path that is not a Triton kernel (cuBLAS through PyTorch)."""
     reference_fn = getattr(reference, name)
+    _DISPATCHED_OPS.add(name)
 
     @functools.wraps(reference_fn)
     def call(first: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -108,14 +113,12 @@ def _dispatch(
 
 
 paged_attention = _dispatch("paged_attention", cpu.paged_attention)
-reshape_and_cache = _dispatch("reshape_and_cache")
 lora_shrink = _dispatch("lora_shrink")
 lora_expand = _dispatch("lora_expand")
 rms_norm = _dispatch("rms_norm")
 fused_add_rms_norm = _dispatch("fused_add_rms_norm")
 rms_norm_quant_fp8 = _dispatch("rms_norm_quant_fp8")
 fused_add_rms_norm_quant_fp8 = _dispatch("fused_add_rms_norm_quant_fp8")
-apply_rotary_pos_emb = _dispatch("apply_rotary_pos_emb")
 rotary_and_cache = _dispatch("rotary_and_cache")
 silu_and_mul = _dispatch("silu_and_mul")
 silu_and_mul_lora = _dispatch("silu_and_mul_lora")

@@ -13,12 +13,22 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from loraplex.engine.model.hf_config import RopeConfig
+
 HIDDEN_SIZE = 4096
 INTERMEDIATE_SIZE = 14336
 NUM_HEADS = 32
 NUM_KV_HEADS = 8
 HEAD_DIM = 128
 BLOCK_SIZE = 16
+LLAMA3_ROPE = RopeConfig(
+    rope_type="llama3",
+    rope_theta=500000.0,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+)
 # One layer's LoRA slice groups, as LoRASlots stacks them: name -> (in_dim, out_dim per slice).
 LORA_GROUPS: dict[str, tuple[int, tuple[int, ...]]] = {
     "qkv": (HIDDEN_SIZE, (NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM)),

@@ -83,7 +83,9 @@ def test_cpu_tensors_dispatch_to_the_fast_path(
 
 
 @pytest.mark.parametrize(
-    "setting", ["reference:", "reference:no_such_op", "triton", "fast:rms_norm"]
+    "setting",
+    # apply_rotary_pos_emb: a reference function, but no kernel the model launches
+    ["reference:", "reference:no_such_op", "reference:apply_rotary_pos_emb", "triton", "fast:x"],
 )
 def test_a_bad_kernels_setting_is_a_clear_error(
     set_kernels: Callable[[str], None], setting: str

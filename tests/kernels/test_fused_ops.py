@@ -12,8 +12,6 @@ import torch
 
 from loraplex.engine.model import load_model
 from loraplex.engine.model.forward_context import AttentionMetadata, ForwardContext
-from loraplex.engine.model.hf_config import RopeConfig
-from loraplex.engine.model.rotary import RotaryEmbedding
 from loraplex.kernels.reference import fused_ops as reference
 from tests.checkpoints import CheckpointFactory
 
@@ -33,7 +31,7 @@ def has_exact_casts(dtype: torch.dtype, device: torch.device) -> bool:
 def fused(triton_kernels: ModuleType) -> SimpleNamespace:
     """The Triton fused-op modules (the `triton_kernels` fixture checks Triton can run)."""
     # By module path: the package re-exports functions of the same names as these modules.
-    names = ("rms_norm", "rotary", "rotary_and_cache", "silu_and_mul")
+    names = ("rms_norm", "rotary_and_cache", "silu_and_mul")
     return SimpleNamespace(
         **{n: importlib.import_module(f"loraplex.kernels.triton.{n}") for n in names}
     )
@@ -124,51 +122,6 @@ def test_triton_rms_norm_rejects_mismatched_weight(
         fused.rms_norm.rms_norm(x, torch.ones(8, device=device), 1e-5)
 
 
-def rope_cos_sin(
-    num_tokens: int, head_dim: int, device: torch.device, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # yarn: its attention factor scales cos/sin, so |cos|, |sin| may exceed 1.
-    rope = RopeConfig(
-        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16
-    )
-    positions = torch.randint(0, 200, (num_tokens,), device=device)
-    return RotaryEmbedding(rope, head_dim, device)(positions, dtype)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(
-    ("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 16), (3, 1, 24), (8, 8, 32)]
-)
-def test_triton_rotary_matches_reference(
-    fused: SimpleNamespace,
-    device: torch.device,
-    dtype: torch.dtype,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-) -> None:
-    num_tokens = 11
-    # q and k as strided views of a fused qkv output, as the attention layer passes them.
-    qkv = torch.randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, device=device)
-    qkv = qkv.to(dtype)
-    q, k = qkv[:, :num_heads], qkv[:, num_heads : num_heads + num_kv_heads]
-    qkv_before = qkv.clone()
-    cos, sin = rope_cos_sin(num_tokens, head_dim, device, dtype)
-    q_out, k_out = fused.rotary.apply_rotary_pos_emb(q, k, cos, sin)
-    expected_q, expected_k = reference.apply_rotary_pos_emb(q, k, cos, sin)
-    assert q_out.is_contiguous() and k_out.is_contiguous()
-    # Bit for bit: each product and each sum is rounded to the dtype as the reference's separate
-    # ops round (on CUDA the launch turns FMA contraction off, which would round once). The CPU
-    # interpreter's bfloat16 casts are not the GPU's, so there only close.
-    if dtype == torch.bfloat16 and device.type == "cpu":
-        assert_close(q_out, expected_q)
-        assert_close(k_out, expected_k)
-    else:
-        assert torch.equal(q_out, expected_q)
-        assert torch.equal(k_out, expected_k)
-    assert torch.equal(qkv, qkv_before)  # out of place
-
-
 def test_reference_rotary_rotates_each_half_pair(device: torch.device) -> None:
     # The spec itself: with cos = 0, sin = 1 everywhere, rotate_half maps [a | b] to [-b | a].
     q = torch.arange(8.0, device=device).view(1, 1, 8)
@@ -195,10 +148,6 @@ def test_triton_fused_ops_accept_zero_tokens(fused: SimpleNamespace, device: tor
     assert fused.rms_norm.rms_norm(x, weight, 1e-5).shape == (0, 32)
     out, residual = fused.rms_norm.fused_add_rms_norm(x, x, weight, 1e-5)
     assert out.shape == residual.shape == (0, 32)
-    q, k = torch.empty(0, 4, 16, device=device), torch.empty(0, 2, 16, device=device)
-    cos = torch.empty(0, 16, device=device)
-    q_out, k_out = fused.rotary.apply_rotary_pos_emb(q, k, cos, cos)
-    assert q_out.shape == (0, 4, 16) and k_out.shape == (0, 2, 16)
     assert fused.silu_and_mul.silu_and_mul(x).shape == (0, 16)
 
 
