@@ -12,7 +12,6 @@ import torch
 
 from loraplex.kernels import cpu, cuda, reference
 
-
 _DISPATCHED_OPS: set[str] = set()  # filled by _dispatch below, at import
 
 
