@@ -2,7 +2,7 @@
 # Before the lease, on the CPU machine:
 #   git worktree add /tmp/oldtree a52554e && (cd /tmp/oldtree && pip wheel --no-deps
 #     --no-build-isolation -w /work/main/.gpu/old .)      # main's wheel, the A side
-#   git apply bench/results/cpu-a52554e-lora-pdl/lora-pdl.patch && make wheel   # the B side
+#   git apply bench/results/cpu-a52554e-lora-pdl/lora-pdl-prologue.patch && make wheel   # the B side
 # then carry [".whl", ".gpu"] and run `bash bench/results/cpu-a52554e-lora-pdl/call.sh`.
 set -u
 OUT=${OUT:-bench/results/tmp}
