@@ -12,14 +12,13 @@ processes (one Python process parsing 512 streams is slower than the server); re
 round-robin over the adapters and the base model. Reports per rate: output tok/s, time to first
 token and inter-token latency p50 / p90 / p99, the CPU time of the server's API process and of
 its engine process (per output token, and as a share of one core: near 1.0, that process is the
-bottleneck), how fast
-requests reached the engine (its queue sampled from /metrics: EngineSampler), and how the engine
-spent the run: its steps, their mean length and tokens, and the share of the wall time spent in
-them (`engine_busy_share`; the offline run reports the same). Last, with
-the server stopped, the offline engine (`LLM.generate`) runs the
-same requests: the server's throughput at saturation is reported against it, per saturated
-round and as their median (`--rates inf,inf,inf` for three). Prompts are fresh random tokens
-for every rate (prefix caching would otherwise serve repeats).
+bottleneck), how fast requests reached the engine (its queue sampled from /metrics:
+EngineSampler), and how the engine spent the run: its steps, their mean length and tokens, and
+the share of the wall time spent in them (`engine_busy_share`; the offline run reports the
+same). Last, with the server stopped, the offline engine (`LLM.generate`) runs the same
+requests: the server's throughput at saturation is reported against it, per saturated round
+and as their median (`--rates inf,inf,inf` for three). Prompts are fresh random tokens for
+every rate (prefix caching would otherwise serve repeats).
 """
 
 from __future__ import annotations

@@ -84,8 +84,13 @@ def test_cpu_tensors_dispatch_to_the_fast_path(
 
 @pytest.mark.parametrize(
     "setting",
-    # apply_rotary_pos_emb: a reference function, but no kernel the model launches
-    ["reference:", "reference:no_such_op", "reference:apply_rotary_pos_emb", "triton", "fast:x"],
+    [
+        "reference:",
+        "reference:no_such_op",
+        "reference:apply_rotary_pos_emb",  # a reference function, but no dispatched kernel
+        "triton",
+        "fast:rms_norm",  # a dispatched op, under an unknown kind
+    ],
 )
 def test_a_bad_kernels_setting_is_a_clear_error(
     set_kernels: Callable[[str], None], setting: str
