@@ -215,7 +215,8 @@ def sweep_configs(m: int) -> list[tuple]:
         grid = itertools.product((True,), (False, True), (16,), (64, 128), (32, 64), (4,), (2, 3))
         return list(grid)
     grid = itertools.product((True,), (False, True), (64,), (64, 128), (16, 32, 64), (4, 8), (2, 3))
-    return [(False, False, 64, 128, 32, 4, 3), *grid]
+    wide = itertools.product((True,), (False, True), (64,), (256,), (16, 32), (8,), (2, 3))
+    return [(False, False, 64, 128, 32, 4, 3), *grid, *wide]
 
 
 def main() -> None:
