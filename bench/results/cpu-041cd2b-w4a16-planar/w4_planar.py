@@ -148,7 +148,8 @@ def planar_gemm(x, qw, s, z, gs, bm, bn, bp, split, warps, stages, trans, partia
     m, k = x.shape
     n = qw.shape[1]
     k8 = k // 8
-    assert k8 % gs == 0 or gs % k8 == 0 and gs % bp == 0
+    # the kernel reads one row of scales per run: every run of bp rows must lie in one group
+    assert (k8 % gs == 0 and gs % bp == 0) or gs % k8 == 0, (k8, gs, bp)
     p_per_split = triton.cdiv(triton.cdiv(k8, split), bp) * bp
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     target = out if split == 1 else partial[: split * m * n]
