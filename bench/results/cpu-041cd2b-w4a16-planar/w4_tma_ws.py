@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 from kernel_timing import graph_us
-from w4_planar import close, make_layer
+from w4_planar import LLAMA3_8B_SHAPES, close, make_layer
 
 from loraplex.kernels.triton.w4a16 import launch_w4a16_gemm, w4a16_tiles
 
@@ -128,12 +128,7 @@ def main() -> None:
     )
     m = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     gs = 128
-    shapes = {
-        "qkv": (4096, 6144),
-        "o": (4096, 4096),
-        "gate_up": (4096, 28672),
-        "down": (14336, 4096),
-    }
+    shapes = LLAMA3_8B_SHAPES
     partial = torch.empty(16 * 64 * 28672, device="cuda", dtype=torch.float32)
     torch.manual_seed(0)
     totals: dict[str, float] = {}
