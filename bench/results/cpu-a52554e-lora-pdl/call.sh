@@ -1,8 +1,8 @@
 # LoRA kernels as programmatic dependent launches, against main, in one lease (about 8 minutes).
-# Before the lease, on the CPU machine:
-#   git worktree add /tmp/oldtree a52554e && (cd /tmp/oldtree && pip wheel --no-deps
-#     --no-build-isolation -w /work/main/.gpu/old .)      # main's wheel, the A side
-#   git apply bench/results/cpu-a52554e-lora-pdl/lora-pdl-prologue.patch && make wheel   # the B side
+# Before the lease, on the CPU machine (the patches apply to main at cbe5ed1 too):
+#   mkdir -p .gpu/old && make wheel && mv .whl/loraplex-*.whl .gpu/old/     # main's wheel, side A
+#   git apply bench/results/cpu-a52554e-lora-pdl/lora-pdl-prologue.patch && make wheel   # side B
+#   make server-wheels                                     # the engine tests need the platform
 # then carry [".whl", ".gpu"] and run `bash bench/results/cpu-a52554e-lora-pdl/call.sh`.
 set -u
 OUT=${OUT:-bench/results/tmp}
