@@ -31,14 +31,6 @@ import triton.language as tl
 
 from loraplex.engine.model.quant.int4_layout import pack_int4
 
-# One Llama-3-8B layer's projections: (K, N) of the fused qkv, o, fused gate_up, down.
-LLAMA3_8B_SHAPES = {
-    "qkv": (4096, 6144),
-    "o": (4096, 4096),
-    "gate_up": (4096, 28672),
-    "down": (14336, 4096),
-}
-
 
 def pack_planar(q: torch.Tensor) -> torch.Tensor:
     """q [K, N] uint8 in [0, 16) -> [K/8, N] int32, value j of int r = q[j * K/8 + r]."""
@@ -273,7 +265,12 @@ def main() -> None:
 
     torch.manual_seed(0)
     gs = 128
-    shapes = LLAMA3_8B_SHAPES
+    shapes = {
+        "qkv": (4096, 6144),
+        "o": (4096, 4096),
+        "gate_up": (4096, 28672),
+        "down": (14336, 4096),
+    }
     partial = torch.empty(16 * 64 * 28672, device="cuda", dtype=torch.float32)
     for m in map(int, args.rows.split(",")):
         layers = {name: make_layer(m, k, n, gs, "cuda") for name, (k, n) in shapes.items()}

@@ -1,7 +1,8 @@
 # One lease (about 9 minutes): the W4A16 K loop with TMA loads and warp specialization in the
 # engine, against the planar kernel without them and against main's shipped kernel, on the
 # decode-heavy run (64 x 128/512, no adapters) beside bf16; the kernel tests on the GPU; then
-# the standalone sweep of the TMA loop's tiles.
+# bench/w4a16_sweep.py --tma at 64 rows: pointer, TMA and warp-specialized TMA loops at the same
+# tiles.
 #
 # Set-up on the CPU machine (main at or after 6a067a4), in order:
 #   mkdir -p .gpu/old .gpu/planar && make wheel && mv .whl/loraplex-*.whl .gpu/old/
@@ -29,7 +30,7 @@ decode none bf16 ""
 decode awq tma_ws ""
 decode awq planar /tmp/planar
 decode awq shipped /tmp/old
-timeout 150 python3 bench/results/cpu-041cd2b-w4a16-planar/w4_tma_ws.py 64 2>&1 | grep -v Warn \
-  > "$OUT/w4_tma_ws.txt"
-tail -14 "$OUT/w4_tma_ws.txt"
+timeout 170 python3 bench/w4a16_sweep.py --row-counts 64 --tma --json "$OUT/w4a16_tma_sweep.json" \
+  2>&1 | grep -v Warn > "$OUT/w4a16_tma_sweep.txt"
+tail -8 "$OUT/w4a16_tma_sweep.txt"
 rm -f "$OUT/gpu_monitor.csv"
